@@ -1,0 +1,1 @@
+"""disagg connector: verified-prefix bidirectional KV connector, launcher and router."""

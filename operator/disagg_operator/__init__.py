@@ -1,0 +1,1 @@
+"""disagg operator: API models, rendering and kopf handlers."""
