@@ -1,0 +1,552 @@
+"""The DisaggregatedModel API (disagg.dev/v1alpha1): the single source of truth.
+
+The CRD schema (:mod:`disagg_operator.crd_gen`), the README's configuration table
+(:mod:`disagg_operator.reference`) and the rendered children (:mod:`disagg_operator.render`)
+all derive from these models.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import ConfigDict, Field, PlainValidator, StringConstraints, WithJsonSchema
+
+from disagg_operator.base import ApiModel, CrossFieldRule
+
+GROUP = "disagg.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "DisaggregatedModel"
+PLURAL = "disaggregatedmodels"
+SINGULAR = "disaggregatedmodel"
+SHORT_NAME = "dmodel"
+
+# The longest child suffix is "-prefill"; a StatefulSet name also flows into the
+# `controller-revision-hash` label (`<name>-<10-char hash>`), which must fit 63 characters.
+MAX_NAME_LENGTH = 63 - len("-0123456789") - len("-prefill")
+NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+
+VLLM_PORT = 8000
+"""Port every vLLM server listens on inside its pod."""
+
+PREFILL_EXPIRY_MARGIN_SECONDS = 5
+"""Prefill declines a D->P read whose retained blocks expire within this margin (vLLM)."""
+
+ROUTER_TTL_SAFETY_SECONDS = 30
+"""The router forgets a conversation this long before decode frees its retained blocks."""
+
+MANAGED_VLLM_FLAGS = (
+    "--model",
+    "--port",
+    "--tensor-parallel-size",
+    "-tp",
+    "--served-model-name",
+    "--revision",
+    "--dtype",
+    "--max-model-len",
+    "--max-num-seqs",
+    "--enable-prefix-caching",
+    "--no-enable-prefix-caching",
+    "--kv-transfer-config",
+)
+"""vLLM flags the operator sets from spec fields; `extraArgs` may not repeat them."""
+
+RESERVED_ENV = ("PYTHONHASHSEED", "VLLM_NIXL_SIDE_CHANNEL_HOST", "VLLM_NIXL_SIDE_CHANNEL_PORT")
+"""Environment the operator owns: it must agree across prefill and decode pods."""
+
+RESERVED_LABEL_PREFIX = "app.kubernetes.io/"
+
+QUANTITY_PATTERN = r"^(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+
+
+def _validate_quantity(value: object) -> int | str:
+    """Accept a non-negative integer or a Kubernetes quantity string such as 500m or 64Gi."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    if isinstance(value, str) and len(value) <= 64 and re.fullmatch(QUANTITY_PATTERN, value):
+        return value
+    raise ValueError("must be a Kubernetes quantity such as 8, 500m or 64Gi")
+
+
+Backend = Literal["LIBFABRIC", "UCX"]
+LoadFailurePolicy = Literal["recompute", "fail"]
+Dtype = Literal["auto", "bfloat16", "float16", "float32", "half", "float"]
+PullPolicy = Literal["Always", "IfNotPresent", "Never"]
+ServiceType = Literal["ClusterIP", "NodePort", "LoadBalancer"]
+ConditionType = Literal[
+    "Ready", "Progressing", "Degraded", "PrefillReady", "DecodeReady", "RouterReady"
+]
+
+Text = Annotated[str, StringConstraints(max_length=1024)]
+NonEmptyText = Annotated[str, StringConstraints(min_length=1, max_length=1024)]
+ObjectName = Annotated[str, StringConstraints(min_length=1, max_length=253)]
+AbsolutePath = Annotated[str, StringConstraints(pattern=r"^/", max_length=1024)]
+LabelKey = Annotated[str, StringConstraints(min_length=1, max_length=317)]
+LabelValue = Annotated[str, StringConstraints(max_length=63)]
+Port = Annotated[int, Field(ge=1, le=65535)]
+Quantity = Annotated[
+    int | str,
+    PlainValidator(_validate_quantity),
+    WithJsonSchema(
+        {
+            "anyOf": [{"type": "integer"}, {"type": "string"}],
+            "pattern": QUANTITY_PATTERN,
+            "x-kubernetes-int-or-string": True,
+        }
+    ),
+]
+ResourceName = Annotated[str, StringConstraints(min_length=1, max_length=253)]
+
+
+class ImageSpec(ApiModel):
+    """A container image."""
+
+    repository: NonEmptyText = Field(
+        description="Image repository, e.g. ghcr.io/acme/disagg-vllm. The serving image must "
+        "hold vLLM, NIXL and the disagg packages."
+    )
+    tag: Annotated[str, StringConstraints(min_length=1, max_length=128)] = Field(
+        description="Image tag."
+    )
+    pull_policy: PullPolicy = Field("IfNotPresent", description="Kubernetes imagePullPolicy.")
+    pull_secrets: list[ObjectName] = Field(
+        default_factory=list,
+        max_length=16,
+        description="Names of Secrets in the namespace used to pull the image.",
+    )
+
+    @property
+    def reference(self) -> str:
+        """The `repository:tag` image reference."""
+        return f"{self.repository}:{self.tag}"
+
+
+class PvcSource(ApiModel):
+    """A PersistentVolumeClaim holding the model cache."""
+
+    claim_name: ObjectName = Field(description="Name of the PersistentVolumeClaim.")
+    read_only: bool = Field(False, description="Mount the claim read-only.")
+
+
+class HostPathSource(ApiModel):
+    """A directory on the node holding the model cache."""
+
+    path: AbsolutePath = Field(description="Absolute directory path on the node.")
+
+
+class ModelCacheSpec(ApiModel):
+    """Where model weights are cached; the mount path becomes HF_HOME."""
+
+    rules = (
+        CrossFieldRule(
+            field="pvc",
+            message="set exactly one of pvc or hostPath",
+            cel="has(self.pvc) != has(self.hostPath)",
+            check=lambda m: (m.pvc is None) != (m.host_path is None),
+        ),
+    )
+
+    pvc: PvcSource | None = Field(None, description="Cache on a PersistentVolumeClaim.")
+    host_path: HostPathSource | None = Field(None, description="Cache on a node directory.")
+    mount_path: AbsolutePath = Field(
+        "/models", description="Mount path in the serving containers; exported as HF_HOME."
+    )
+
+
+class SecretKeyRef(ApiModel):
+    """A key of a Secret in the model's namespace."""
+
+    name: ObjectName = Field(description="Secret name.")
+    key: Annotated[str, StringConstraints(min_length=1, max_length=253)] = Field(
+        "token", description="Key within the Secret."
+    )
+
+
+class ModelSpec(ApiModel):
+    """The model to serve."""
+
+    name: NonEmptyText = Field(
+        description="Hugging Face model id (e.g. Qwen/Qwen3-32B) or a path inside the cache."
+    )
+    served_name: NonEmptyText | None = Field(
+        None, description="Model name clients send in requests. Defaults to `name`."
+    )
+    revision: Annotated[str, StringConstraints(min_length=1, max_length=256)] | None = Field(
+        None, description="Model revision (branch, tag or commit). Defaults to the default branch."
+    )
+    dtype: Dtype = Field("auto", description="Weight and activation dtype passed to vLLM.")
+    max_model_len: Annotated[int, Field(ge=16, le=10_000_000)] | None = Field(
+        None, description="Context length (tokens). Defaults to the model's own."
+    )
+    cache: ModelCacheSpec | None = Field(
+        None, description="Model cache volume. Without it the cache is an emptyDir per pod."
+    )
+    token_secret: SecretKeyRef | None = Field(
+        None, description="Secret key holding a Hugging Face token, exported as HF_TOKEN."
+    )
+
+    @property
+    def served_model_name(self) -> str:
+        """The name clients use: `servedName`, else `name`."""
+        return self.served_name if self.served_name is not None else self.name
+
+
+class EnvVar(ApiModel):
+    """An environment variable for the serving container."""
+
+    rules = (
+        CrossFieldRule(
+            field="valueFrom",
+            message="set value or valueFrom, not both",
+            cel="!(has(self.value) && has(self.valueFrom))",
+            check=lambda m: m.value is None or m.value_from is None,
+        ),
+    )
+
+    name: Annotated[
+        str, StringConstraints(pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$", max_length=256)
+    ] = Field(description="Variable name.")
+    value: Annotated[str, StringConstraints(max_length=32768)] | None = Field(
+        None, description="Literal value."
+    )
+    value_from: dict[str, Any] | None = Field(
+        None, description="A Kubernetes EnvVarSource (secretKeyRef, configMapKeyRef, fieldRef...)."
+    )
+
+
+class Toleration(ApiModel):
+    """A Kubernetes toleration."""
+
+    key: Annotated[str, StringConstraints(max_length=317)] | None = Field(
+        None, description="Taint key; empty with operator Exists matches every taint."
+    )
+    operator: Literal["Exists", "Equal"] = Field("Equal", description="Exists or Equal.")
+    value: LabelValue | None = Field(None, description="Taint value for operator Equal.")
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
+        None, description="Taint effect to match; empty matches all effects."
+    )
+    toleration_seconds: int | None = Field(
+        None, description="For NoExecute: how long the pod stays bound after the taint appears."
+    )
+
+
+class ResourceOverrides(ApiModel):
+    """Container resources merged key by key over the operator's defaults."""
+
+    requests: dict[ResourceName, Quantity] = Field(
+        default_factory=dict, max_length=32, description="Resource requests to set or replace."
+    )
+    limits: dict[ResourceName, Quantity] = Field(
+        default_factory=dict, max_length=32, description="Resource limits to set or replace."
+    )
+
+
+_MANAGED_FLAGS_CEL = "[" + ", ".join(f"'{flag}'" for flag in MANAGED_VLLM_FLAGS) + "]"
+_RESERVED_ENV_CEL = "[" + ", ".join(f"'{name}'" for name in RESERVED_ENV) + "]"
+
+
+def _is_managed_flag(arg: str) -> bool:
+    return any(arg == flag or arg.startswith(flag + "=") for flag in MANAGED_VLLM_FLAGS)
+
+
+class RoleSpec(ApiModel):
+    """One serving role (prefill or decode): a StatefulSet of vLLM servers."""
+
+    rules = (
+        CrossFieldRule(
+            field="gpusPerPod",
+            message="must be at least tensorParallelSize",
+            cel="!has(self.gpusPerPod) || self.gpusPerPod >= self.tensorParallelSize",
+            check=lambda m: m.gpus_per_pod is None or m.gpus_per_pod >= m.tensor_parallel_size,
+        ),
+        CrossFieldRule(
+            field="extraArgs",
+            message="must not repeat a flag the operator sets from the spec ("
+            + ", ".join(MANAGED_VLLM_FLAGS)
+            + "); use the matching spec field",
+            cel=f"!has(self.extraArgs) || self.extraArgs.all(a, !{_MANAGED_FLAGS_CEL}"
+            ".exists(f, a == f || a.startsWith(f + '=')))",
+            check=lambda m: not any(_is_managed_flag(arg) for arg in m.extra_args),
+        ),
+        CrossFieldRule(
+            field="env",
+            message="must not set operator-owned variables (" + ", ".join(RESERVED_ENV) + ")",
+            cel=f"!has(self.env) || self.env.all(e, !(e.name in {_RESERVED_ENV_CEL}))",
+            check=lambda m: not any(var.name in RESERVED_ENV for var in m.env),
+        ),
+        CrossFieldRule(
+            field="podLabels",
+            message="must not set app.kubernetes.io/ labels: the operator owns them (selectors)",
+            cel="!has(self.podLabels) || "
+            f"self.podLabels.all(k, !k.startsWith('{RESERVED_LABEL_PREFIX}'))",
+            check=lambda m: not any(k.startswith(RESERVED_LABEL_PREFIX) for k in m.pod_labels),
+        ),
+    )
+
+    replicas: Annotated[int, Field(ge=0, le=64)] = Field(1, description="Number of vLLM servers.")
+    tensor_parallel_size: Annotated[int, Field(ge=1, le=64)] = Field(
+        1, description="Tensor parallel size of each server (--tensor-parallel-size)."
+    )
+    gpus_per_pod: Annotated[int, Field(ge=1, le=64)] | None = Field(
+        None, description="nvidia.com/gpu per pod. Defaults to tensorParallelSize."
+    )
+    prefix_caching: bool = Field(
+        True, description="vLLM automatic prefix caching (--[no-]enable-prefix-caching)."
+    )
+    max_num_seqs: Annotated[int, Field(ge=1, le=65536)] | None = Field(
+        None, description="Maximum concurrent sequences (--max-num-seqs). Defaults to vLLM's."
+    )
+    extra_args: list[Text] = Field(
+        default_factory=list, max_length=64, description="Extra vLLM command-line arguments."
+    )
+    env: list[EnvVar] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Extra environment; replaces a variable the operator would inject by name.",
+    )
+    resources: ResourceOverrides = Field(
+        default_factory=ResourceOverrides,
+        description="Resource overrides merged over the defaults (GPUs, EFA, hugepages, "
+        "cpu 8, memory 64Gi).",
+    )
+    node_selector: dict[LabelKey, LabelValue] = Field(
+        default_factory=dict, max_length=64, description="Node selector for the pods."
+    )
+    tolerations: list[Toleration] = Field(
+        default_factory=list,
+        max_length=32,
+        description="Tolerations added to the GPU (and EFA) tolerations.",
+    )
+    affinity: dict[str, Any] | None = Field(
+        None,
+        description="Kubernetes affinity. Without podAffinity the operator adds one keeping "
+        "prefill and decode pods in one zone.",
+    )
+    pod_annotations: dict[LabelKey, Annotated[str, StringConstraints(max_length=4096)]] = Field(
+        default_factory=dict, max_length=64, description="Extra pod annotations."
+    )
+    pod_labels: dict[LabelKey, LabelValue] = Field(
+        default_factory=dict, max_length=32, description="Extra pod labels."
+    )
+
+    @property
+    def gpus(self) -> int:
+        """GPUs each pod requests: `gpusPerPod`, else the tensor parallel size."""
+        return self.gpus_per_pod if self.gpus_per_pod is not None else self.tensor_parallel_size
+
+
+class KvTransferSpec(ApiModel):
+    """KV-cache transfer between prefill and decode (NIXL)."""
+
+    rules = (
+        CrossFieldRule(
+            field="sideChannelPort",
+            message=f"must differ from the vLLM port {VLLM_PORT}",
+            cel=f"self.sideChannelPort != {VLLM_PORT}",
+            check=lambda m: m.side_channel_port != VLLM_PORT,
+        ),
+    )
+
+    bidirectional: bool = Field(
+        True,
+        description="Decode keeps each finished turn's KV and prefill reads it back (D->P) "
+        "on the next turn.",
+    )
+    decoder_kv_blocks_ttl_seconds: Annotated[int, Field(ge=60, le=86400)] = Field(
+        480, description="How long decode retains a finished request's KV blocks (seconds)."
+    )
+    recompute_threshold_tokens: Annotated[int, Field(ge=1, le=1_000_000)] = Field(
+        64, description="Prefill reads remote KV only when at least this many tokens are reusable."
+    )
+    backend: Backend | None = Field(
+        None, description="NIXL backend. Defaults to LIBFABRIC when EFA is enabled, else UCX."
+    )
+    side_channel_port: Port = Field(
+        5600, description="NIXL side-channel port (VLLM_NIXL_SIDE_CHANNEL_PORT)."
+    )
+    load_failure_policy: LoadFailurePolicy = Field(
+        "recompute", description="What a failed KV load does: recompute the tokens, or fail."
+    )
+
+
+class RouterSpec(ApiModel):
+    """The KV-cache-aware router in front of prefill and decode."""
+
+    replicas: Annotated[int, Field(ge=0, le=64)] = Field(1, description="Router replicas.")
+    image: ImageSpec | None = Field(None, description="Router image. Defaults to spec.image.")
+    port: Port = Field(8000, description="Port of the router Service and container.")
+    service_type: ServiceType = Field("ClusterIP", description="Type of the router Service.")
+    conversation_ttl_seconds: Annotated[int, Field(ge=1, le=86400)] | None = Field(
+        None,
+        description="How long the router keeps a conversation's KV metadata. Defaults to "
+        f"decoderKvBlocksTtlSeconds - {ROUTER_TTL_SAFETY_SECONDS}; must stay below "
+        f"decoderKvBlocksTtlSeconds - {PREFILL_EXPIRY_MARGIN_SECONDS}.",
+    )
+    resources: ResourceOverrides = Field(
+        default_factory=ResourceOverrides,
+        description="Resource overrides merged over the defaults (cpu 500m, memory 512Mi).",
+    )
+
+
+class EfaSpec(ApiModel):
+    """AWS Elastic Fabric Adapter for the KV transfer (p5/p5en)."""
+
+    enabled: bool = Field(True, description="Request EFA devices and configure libfabric.")
+    devices_per_pod: Annotated[int, Field(ge=1, le=32)] = Field(
+        16, description="vpc.amazonaws.com/efa per pod (p5en.48xlarge has 16)."
+    )
+    hugepages2_mi: Quantity = Field(
+        "5120Mi", alias="hugepages2Mi", description="hugepages-2Mi per pod for libfabric."
+    )
+    provider: Annotated[str, StringConstraints(min_length=1, max_length=64)] = Field(
+        "efa", description="libfabric provider (FI_PROVIDER)."
+    )
+
+
+def _conversation_ttl_ok(spec: DisaggregatedModelSpec) -> bool:
+    ttl = spec.router.conversation_ttl_seconds
+    limit = spec.kv_transfer.decoder_kv_blocks_ttl_seconds - PREFILL_EXPIRY_MARGIN_SECONDS
+    return ttl is None or ttl < limit
+
+
+def _threshold_ok(spec: DisaggregatedModelSpec) -> bool:
+    max_len = spec.model.max_model_len
+    return (
+        not spec.kv_transfer.bidirectional
+        or max_len is None
+        or spec.kv_transfer.recompute_threshold_tokens < max_len
+    )
+
+
+class DisaggregatedModelSpec(ApiModel):
+    """Desired state of a prefill/decode disaggregated model."""
+
+    rules = (
+        CrossFieldRule(
+            field="router.conversationTtlSeconds",
+            message="must be less than spec.kvTransfer.decoderKvBlocksTtlSeconds - "
+            f"{PREFILL_EXPIRY_MARGIN_SECONDS}: prefill declines reads that expire within "
+            f"{PREFILL_EXPIRY_MARGIN_SECONDS} s",
+            cel="!has(self.router.conversationTtlSeconds) || "
+            "self.router.conversationTtlSeconds < "
+            f"self.kvTransfer.decoderKvBlocksTtlSeconds - {PREFILL_EXPIRY_MARGIN_SECONDS}",
+            check=_conversation_ttl_ok,
+        ),
+        CrossFieldRule(
+            field="kvTransfer.backend",
+            message="LIBFABRIC runs over EFA: set spec.efa.enabled true, or use backend UCX",
+            cel="!has(self.kvTransfer.backend) || self.kvTransfer.backend != 'LIBFABRIC' || "
+            "self.efa.enabled",
+            check=lambda m: m.kv_transfer.backend != "LIBFABRIC" or m.efa.enabled,
+        ),
+        CrossFieldRule(
+            field="kvTransfer.recomputeThresholdTokens",
+            message="must be less than spec.model.maxModelLen when bidirectional, "
+            "or no KV is ever read back",
+            cel="!self.kvTransfer.bidirectional || !has(self.model.maxModelLen) || "
+            "self.kvTransfer.recomputeThresholdTokens < self.model.maxModelLen",
+            check=_threshold_ok,
+        ),
+    )
+
+    model: ModelSpec = Field(description="The model to serve.")
+    image: ImageSpec = Field(description="Serving image for prefill and decode.")
+    prefill: RoleSpec = Field(default_factory=RoleSpec, description="Prefill servers.")
+    decode: RoleSpec = Field(default_factory=RoleSpec, description="Decode servers.")
+    kv_transfer: KvTransferSpec = Field(
+        default_factory=KvTransferSpec, description="KV-cache transfer settings."
+    )
+    router: RouterSpec = Field(default_factory=RouterSpec, description="The router.")
+    efa: EfaSpec = Field(default_factory=EfaSpec, description="AWS EFA settings.")
+
+    @property
+    def kv_backend(self) -> Backend:
+        """The NIXL backend: `kvTransfer.backend`, else LIBFABRIC with EFA and UCX without."""
+        if self.kv_transfer.backend is not None:
+            return self.kv_transfer.backend
+        return "LIBFABRIC" if self.efa.enabled else "UCX"
+
+    @property
+    def conversation_ttl_seconds(self) -> int:
+        """The router's conversation TTL: set, or the decode TTL minus a safety margin."""
+        if self.router.conversation_ttl_seconds is not None:
+            return self.router.conversation_ttl_seconds
+        return self.kv_transfer.decoder_kv_blocks_ttl_seconds - ROUTER_TTL_SAFETY_SECONDS
+
+    @property
+    def router_image(self) -> ImageSpec:
+        """The router's image: `router.image`, else the serving image."""
+        return self.router.image if self.router.image is not None else self.image
+
+
+class Condition(ApiModel):
+    """A status condition (Kubernetes conventions)."""
+
+    type: ConditionType = Field(description="Condition type.")
+    status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
+    reason: Annotated[str, StringConstraints(max_length=1024)] = Field(
+        "", description="One-word CamelCase reason."
+    )
+    message: Annotated[str, StringConstraints(max_length=32768)] = Field(
+        "", description="Human-readable detail."
+    )
+    last_transition_time: Annotated[str, StringConstraints(max_length=64)] | None = Field(
+        None,
+        description="When the status last changed (RFC 3339).",
+        json_schema_extra={"format": "date-time"},
+    )
+    observed_generation: Annotated[int, Field(ge=0)] | None = Field(
+        None, description="The spec generation this condition reflects."
+    )
+
+
+class RoleStatus(ApiModel):
+    """Replica counts of one role."""
+
+    desired_replicas: Annotated[int, Field(ge=0)] = Field(0, description="Desired replicas.")
+    ready_replicas: Annotated[int, Field(ge=0)] = Field(0, description="Ready replicas.")
+
+
+class DisaggregatedModelStatus(ApiModel):
+    """Observed state, written by the operator."""
+
+    observed_generation: Annotated[int, Field(ge=0)] | None = Field(
+        None, description="The spec generation last acted on."
+    )
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        max_length=16,
+        description="Ready, Progressing, Degraded, PrefillReady, DecodeReady, RouterReady.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+    prefill: RoleStatus = Field(default_factory=RoleStatus, description="Prefill replicas.")
+    decode: RoleStatus = Field(default_factory=RoleStatus, description="Decode replicas.")
+    router: RoleStatus = Field(default_factory=RoleStatus, description="Router replicas.")
+    router_endpoint: Annotated[str, StringConstraints(max_length=1024)] | None = Field(
+        None, description="In-cluster URL of the router Service."
+    )
+    connector_config_hash: Annotated[str, StringConstraints(max_length=64)] | None = Field(
+        None, description="Hash of the rendered connector config the pods run with."
+    )
+
+
+class ObjectMeta(ApiModel):
+    """The metadata fields the operator reads; the API server owns the rest."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    name: Annotated[str, StringConstraints(max_length=MAX_NAME_LENGTH, pattern=NAME_PATTERN)] = (
+        Field(description="Object name (a DNS-1035 label that leaves room for child suffixes).")
+    )
+    namespace: ObjectName = Field("default", description="Namespace.")
+
+
+class DisaggregatedModel(ApiModel):
+    """A DisaggregatedModel custom resource as stored by the API server."""
+
+    api_version: Literal["disagg.dev/v1alpha1"] = Field(description="API version.")
+    kind: Literal["DisaggregatedModel"] = Field(description="Kind.")
+    metadata: ObjectMeta = Field(description="Object metadata.")
+    spec: DisaggregatedModelSpec = Field(description="Desired state.")
+    status: DisaggregatedModelStatus | None = Field(None, description="Observed state.")
