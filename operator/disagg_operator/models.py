@@ -57,7 +57,9 @@ RESERVED_ENV = ("PYTHONHASHSEED", "VLLM_NIXL_SIDE_CHANNEL_HOST", "VLLM_NIXL_SIDE
 
 RESERVED_LABEL_PREFIX = "app.kubernetes.io/"
 
-QUANTITY_PATTERN = r"^(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+_DECIMAL = r"(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
+QUANTITY_PATTERN = rf"^{_DECIMAL}(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?{_DECIMAL}))?$"
+"""A non-negative Kubernetes resource quantity."""
 
 
 def _validate_quantity(value: object) -> int | str:

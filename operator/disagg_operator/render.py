@@ -1,0 +1,311 @@
+"""Render a DisaggregatedModel's children: a pure function from (name, namespace, spec).
+
+Python computes every value here; the templates under `templates/<component>/<kind>.yaml.j2`
+only lay them out. The manifests carry name, namespace and labels but no owner reference:
+the operator adopts them before applying.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from typing import Any
+
+import jinja2
+import yaml
+
+from disagg_operator.connector_config import config_file, config_hash, config_map_data
+from disagg_operator.models import VLLM_PORT, DisaggregatedModelSpec, ResourceOverrides, RoleSpec
+from disagg_operator.names import (
+    CONFIG_HASH_ANNOTATION,
+    ROLES,
+    Component,
+    child_name,
+    labels,
+    selector_labels,
+    service_host,
+)
+
+Manifest = dict[str, Any]
+
+ENGINE_REQUESTS: dict[str, int | str] = {"cpu": "8", "memory": "64Gi"}
+ROUTER_REQUESTS: dict[str, int | str] = {"cpu": "500m", "memory": "512Mi"}
+GPU_RESOURCE = "nvidia.com/gpu"
+EFA_RESOURCE = "vpc.amazonaws.com/efa"
+HUGEPAGES_RESOURCE = "hugepages-2Mi"
+ZONE_TOPOLOGY_KEY = "topology.kubernetes.io/zone"
+HEALTH_PATH = "/health"
+CONNECTOR_VOLUME = "connector-config"
+CACHE_VOLUME = "model-cache"
+SHM_VOLUME = "dshm"
+
+
+def _to_yaml(value: Any) -> str:
+    """Flow-style YAML (the JSON subset), safe at any indentation."""
+    return json.dumps(value)
+
+
+TEMPLATES = jinja2.Environment(
+    loader=jinja2.PackageLoader("disagg_operator", "templates"),
+    undefined=jinja2.StrictUndefined,
+    autoescape=False,
+    keep_trailing_newline=True,
+)
+TEMPLATES.filters["to_yaml"] = _to_yaml
+
+
+def _render(template: str, **values: Any) -> Manifest:
+    manifest: Manifest = yaml.safe_load(TEMPLATES.get_template(template).render(**values))
+    return manifest
+
+
+def hash_seed(name: str, namespace: str) -> int:
+    """PYTHONHASHSEED shared by every pod of one model (hash-based KV bookkeeping must agree)."""
+    digest = hashlib.sha256(f"{namespace}/{name}".encode()).digest()
+    return int.from_bytes(digest[:4], "big")
+
+
+def _resources(
+    base_requests: dict[str, int | str], limits: dict[str, int | str], user: ResourceOverrides
+) -> dict[str, dict[str, int | str]]:
+    return {"requests": {**base_requests, **user.requests}, "limits": {**limits, **user.limits}}
+
+
+def _pull_secrets(names: list[str]) -> list[dict[str, str]]:
+    return [{"name": secret} for secret in names]
+
+
+def _http_probe(period: int, failures: int) -> dict[str, Any]:
+    return {
+        "httpGet": {"path": HEALTH_PATH, "port": "http"},
+        "periodSeconds": period,
+        "failureThreshold": failures,
+    }
+
+
+def _vllm_args(spec: DisaggregatedModelSpec, role: RoleSpec) -> list[str]:
+    model = spec.model
+    args = [
+        "--model",
+        model.name,
+        "--served-model-name",
+        model.served_model_name,
+        "--port",
+        str(VLLM_PORT),
+        "--tensor-parallel-size",
+        str(role.tensor_parallel_size),
+        "--dtype",
+        model.dtype,
+    ]
+    if model.revision is not None:
+        args += ["--revision", model.revision]
+    if model.max_model_len is not None:
+        args += ["--max-model-len", str(model.max_model_len)]
+    if role.max_num_seqs is not None:
+        args += ["--max-num-seqs", str(role.max_num_seqs)]
+    args.append("--enable-prefix-caching" if role.prefix_caching else "--no-enable-prefix-caching")
+    return [*args, *role.extra_args]
+
+
+def _engine_env(
+    name: str, namespace: str, spec: DisaggregatedModelSpec, role: RoleSpec
+) -> list[dict[str, Any]]:
+    injected: list[dict[str, Any]] = [
+        {"name": "PYTHONHASHSEED", "value": str(hash_seed(name, namespace))},
+        {
+            "name": "VLLM_NIXL_SIDE_CHANNEL_HOST",
+            "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}},
+        },
+        {"name": "VLLM_NIXL_SIDE_CHANNEL_PORT", "value": str(spec.kv_transfer.side_channel_port)},
+        {"name": "HF_HOME", "value": _cache_mount_path(spec)},
+    ]
+    if spec.model.token_secret is not None:
+        secret = spec.model.token_secret
+        injected.append(
+            {
+                "name": "HF_TOKEN",
+                "valueFrom": {"secretKeyRef": {"name": secret.name, "key": secret.key}},
+            }
+        )
+    if spec.efa.enabled:
+        injected.append({"name": "FI_PROVIDER", "value": spec.efa.provider})
+    user = [var.model_dump(exclude_none=True) for var in role.env]
+    user_names = {var.name for var in role.env}
+    return [var for var in injected if var["name"] not in user_names] + user
+
+
+def _cache_mount_path(spec: DisaggregatedModelSpec) -> str:
+    return spec.model.cache.mount_path if spec.model.cache is not None else "/models"
+
+
+def _cache_volume(spec: DisaggregatedModelSpec) -> dict[str, Any]:
+    cache = spec.model.cache
+    if cache is not None and cache.pvc is not None:
+        return {
+            "name": CACHE_VOLUME,
+            "persistentVolumeClaim": {
+                "claimName": cache.pvc.claim_name,
+                "readOnly": cache.pvc.read_only,
+            },
+        }
+    if cache is not None and cache.host_path is not None:
+        return {
+            "name": CACHE_VOLUME,
+            "hostPath": {"path": cache.host_path.path, "type": "DirectoryOrCreate"},
+        }
+    return {"name": CACHE_VOLUME, "emptyDir": {}}
+
+
+def _tolerations(spec: DisaggregatedModelSpec, role: RoleSpec) -> list[dict[str, Any]]:
+    keys = [GPU_RESOURCE, EFA_RESOURCE] if spec.efa.enabled else [GPU_RESOURCE]
+    base = [{"key": key, "operator": "Exists", "effect": "NoSchedule"} for key in keys]
+    return base + [toleration.model_dump(exclude_none=True) for toleration in role.tolerations]
+
+
+def _affinity(name: str, role: RoleSpec) -> dict[str, Any]:
+    """The user's affinity, plus (unless it has podAffinity) prefill and decode in one zone."""
+    affinity = copy.deepcopy(role.affinity) if role.affinity is not None else {}
+    if "podAffinity" not in affinity:
+        instance = selector_labels(name, Component.PREFILL)
+        affinity["podAffinity"] = {
+            "requiredDuringSchedulingIgnoredDuringExecution": [
+                {
+                    "labelSelector": {
+                        "matchLabels": {
+                            key: value
+                            for key, value in instance.items()
+                            if not key.endswith("/component")
+                        },
+                        "matchExpressions": [
+                            {
+                                "key": "app.kubernetes.io/component",
+                                "operator": "In",
+                                "values": [str(r) for r in ROLES],
+                            }
+                        ],
+                    },
+                    "topologyKey": ZONE_TOPOLOGY_KEY,
+                }
+            ]
+        }
+    return affinity
+
+
+def _engine_resources(spec: DisaggregatedModelSpec, role: RoleSpec) -> dict[str, Any]:
+    limits: dict[str, int | str] = {GPU_RESOURCE: role.gpus}
+    if spec.efa.enabled:
+        limits[EFA_RESOURCE] = spec.efa.devices_per_pod
+        limits[HUGEPAGES_RESOURCE] = spec.efa.hugepages2_mi
+    return _resources(ENGINE_REQUESTS, limits, role.resources)
+
+
+def _engine(
+    name: str, namespace: str, spec: DisaggregatedModelSpec, component: Component, hash_: str
+) -> list[Manifest]:
+    role = spec.prefill if component is Component.PREFILL else spec.decode
+    child = child_name(name, component)
+    common = {
+        "name": child,
+        "namespace": namespace,
+        "labels": labels(name, component),
+        "selector": selector_labels(name, component),
+        "side_channel_port": spec.kv_transfer.side_channel_port,
+        "vllm_port": VLLM_PORT,
+    }
+    volumes = [
+        {"name": CONNECTOR_VOLUME, "configMap": {"name": child_name(name, Component.CONNECTOR)}},
+        _cache_volume(spec),
+        {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory"}},
+    ]
+    mounts = [
+        {"name": CONNECTOR_VOLUME, "mountPath": config_file(component).rsplit("/", 1)[0]},
+        {"name": CACHE_VOLUME, "mountPath": _cache_mount_path(spec)},
+        {"name": SHM_VOLUME, "mountPath": "/dev/shm"},
+    ]
+    security = {"capabilities": {"add": ["IPC_LOCK"]}} if spec.efa.enabled else {}
+    statefulset = _render(
+        "engine/statefulset.yaml.j2",
+        **common,
+        replicas=role.replicas,
+        pod_labels={**role.pod_labels, **labels(name, component)},
+        pod_annotations={**role.pod_annotations, CONFIG_HASH_ANNOTATION: hash_},
+        image=spec.image.reference,
+        pull_policy=spec.image.pull_policy,
+        pull_secrets=_pull_secrets(spec.image.pull_secrets),
+        command=[
+            "disagg",
+            "serve",
+            "--role",
+            str(component),
+            "--config",
+            config_file(component),
+            "--",
+            *_vllm_args(spec, role),
+        ],
+        env=_engine_env(name, namespace, spec, role),
+        resources=_engine_resources(spec, role),
+        security_context=security,
+        volume_mounts=mounts,
+        volumes=volumes,
+        node_selector=role.node_selector,
+        tolerations=_tolerations(spec, role),
+        affinity=_affinity(name, role),
+        startup_probe=_http_probe(period=10, failures=180),
+        readiness_probe=_http_probe(period=5, failures=3),
+        liveness_probe=_http_probe(period=10, failures=6),
+    )
+    return [_render("engine/service.yaml.j2", **common), statefulset]
+
+
+def _router(name: str, namespace: str, spec: DisaggregatedModelSpec) -> list[Manifest]:
+    router = spec.router
+    image = spec.router_image
+    common = {
+        "name": child_name(name, Component.ROUTER),
+        "namespace": namespace,
+        "labels": labels(name, Component.ROUTER),
+        "selector": selector_labels(name, Component.ROUTER),
+        "port": router.port,
+    }
+    deployment = _render(
+        "router/deployment.yaml.j2",
+        **common,
+        replicas=router.replicas,
+        image=image.reference,
+        pull_policy=image.pull_policy,
+        pull_secrets=_pull_secrets(image.pull_secrets),
+        command=[
+            "disagg",
+            "router",
+            "--port",
+            str(router.port),
+            "--prefill-service",
+            service_host(name, namespace, Component.PREFILL, VLLM_PORT),
+            "--decode-service",
+            service_host(name, namespace, Component.DECODE, VLLM_PORT),
+            "--conversation-ttl",
+            str(spec.conversation_ttl_seconds),
+        ],
+        resources=_resources(ROUTER_REQUESTS, {}, router.resources),
+        readiness_probe=_http_probe(period=5, failures=3),
+        liveness_probe=_http_probe(period=10, failures=6),
+    )
+    service = _render("router/service.yaml.j2", **common, service_type=router.service_type)
+    return [service, deployment]
+
+
+def render(name: str, namespace: str, spec: DisaggregatedModelSpec) -> list[Manifest]:
+    """Every child manifest of one DisaggregatedModel, in apply order."""
+    data = config_map_data(spec)
+    hash_ = config_hash(data)
+    config_map = _render(
+        "connector/configmap.yaml.j2",
+        name=child_name(name, Component.CONNECTOR),
+        namespace=namespace,
+        labels=labels(name, Component.CONNECTOR),
+        annotations={CONFIG_HASH_ANNOTATION: hash_},
+        data=data,
+    )
+    engines = [m for role in ROLES for m in _engine(name, namespace, spec, role, hash_)]
+    return [config_map, *engines, *_router(name, namespace, spec)]

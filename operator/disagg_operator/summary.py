@@ -1,0 +1,89 @@
+"""A short table of rendered objects: kind, name and the facts worth a glance."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from disagg_operator.names import CONFIG_HASH_ANNOTATION
+
+Manifest = dict[str, Any]
+
+
+def _container(manifest: Manifest) -> dict[str, Any]:
+    container: dict[str, Any] = manifest["spec"]["template"]["spec"]["containers"][0]
+    return container
+
+
+def _flag(command: list[str], flag: str) -> str:
+    return command[command.index(flag) + 1] if flag in command else "-"
+
+
+def _statefulset(manifest: Manifest) -> str:
+    container = _container(manifest)
+    command, limits = container["command"], container["resources"]["limits"]
+    caching = "off" if "--no-enable-prefix-caching" in command else "on"
+    facts = [
+        f"replicas={manifest['spec']['replicas']}",
+        f"role={_flag(command, '--role')}",
+        f"tp={_flag(command, '--tensor-parallel-size')}",
+        f"gpus={limits.get('nvidia.com/gpu', 0)}",
+        f"efa={limits.get('vpc.amazonaws.com/efa', 0)}",
+        f"prefixCaching={caching}",
+        f"configHash={manifest['spec']['template']['metadata']['annotations'][CONFIG_HASH_ANNOTATION]}",
+    ]
+    return " ".join(facts)
+
+
+def _deployment(manifest: Manifest) -> str:
+    command = _container(manifest)["command"]
+    return (
+        f"replicas={manifest['spec']['replicas']} "
+        f"conversationTtl={_flag(command, '--conversation-ttl')}s "
+        f"prefill={_flag(command, '--prefill-service')} "
+        f"decode={_flag(command, '--decode-service')}"
+    )
+
+
+def _service(manifest: Manifest) -> str:
+    spec = manifest["spec"]
+    kind = "headless" if spec.get("clusterIP") == "None" else spec.get("type", "ClusterIP")
+    ports = ",".join(f"{port['name']}:{port['port']}" for port in spec["ports"])
+    return f"{kind} ports={ports}"
+
+
+def _config_map(manifest: Manifest) -> str:
+    facts = []
+    for key, text in manifest["data"].items():
+        config = json.loads(text)
+        extra = config["kv_connector_extra_config"]
+        facts.append(
+            f"{key}: {config['kv_role']} bidir={str(extra['bidirectional_kv_xfer']).lower()} "
+            f"ttl={extra['decoder_kv_blocks_ttl']}s backends={','.join(extra['backends'])}"
+        )
+    return "; ".join(facts)
+
+
+_FACTS: dict[str, Callable[[Manifest], str]] = {
+    "StatefulSet": _statefulset,
+    "Deployment": _deployment,
+    "Service": _service,
+    "ConfigMap": _config_map,
+}
+
+
+def summary_table(manifests: list[Manifest]) -> str:
+    """One aligned line per manifest: KIND, NAMESPACE/NAME, FACTS."""
+    rows = [("KIND", "NAME", "FACTS")]
+    for manifest in manifests:
+        meta = manifest["metadata"]
+        describe = _FACTS.get(manifest["kind"])
+        facts = describe(manifest) if describe is not None else ""
+        rows.append((manifest["kind"], f"{meta['namespace']}/{meta['name']}", facts))
+    kind_width = max(len(row[0]) for row in rows)
+    name_width = max(len(row[1]) for row in rows)
+    return "".join(
+        f"{kind:<{kind_width}}  {name:<{name_width}}  {facts}".rstrip() + "\n"
+        for kind, name, facts in rows
+    )
