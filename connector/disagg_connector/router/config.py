@@ -1,0 +1,110 @@
+"""Router settings: one frozen dataclass, validated once at startup."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+#: Prefill declines reading decode blocks that expire within this margin (vLLM pull_worker).
+DECODE_EXPIRY_MARGIN_S = 5.0
+
+
+class ConfigError(ValueError):
+    """A router setting is invalid; the message names the setting and the fix."""
+
+
+class StoreKind(enum.StrEnum):
+    """Where conversation state lives."""
+
+    MEMORY = "memory"
+    REDIS = "redis"
+
+
+class DiscoveryKind(enum.StrEnum):
+    """How the router finds prefill and decode replicas."""
+
+    STATIC = "static"
+    KUBERNETES = "kubernetes"
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    """Everything the router needs; see ``options.add_router_arguments`` for the CLI help."""
+
+    prefill_urls: tuple[str, ...] = ()
+    decode_urls: tuple[str, ...] = ()
+    host: str = "0.0.0.0"
+    port: int = 8000
+    discovery: DiscoveryKind = DiscoveryKind.STATIC
+    namespace: str = "default"
+    prefill_service: str = ""
+    decode_service: str = ""
+    port_name: str = "http"
+    store: StoreKind = StoreKind.MEMORY
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    redis_prefix: str = "disagg:conv:"
+    conversation_ttl_s: float = 450.0
+    decode_kv_ttl_s: float = 480.0
+    max_conversations: int = 100_000
+    scope_by_api_key: bool = True
+    max_body_bytes: int = 16 * 1024 * 1024
+    connect_timeout_s: float = 2.0
+    prefill_timeout_s: float = 600.0
+    decode_timeout_s: float = 3600.0
+    health_interval_s: float = 2.0
+    health_timeout_s: float = 1.0
+    health_max_backoff_s: float = 30.0
+    decode_affinity_slack: int = 4
+    kv_bytes_per_token: int = 0
+    log_format: str = "text"
+
+    def validate(self) -> RouterConfig:
+        """Check cross-field rules and return self; raise ``ConfigError`` naming the field."""
+        if self.discovery is DiscoveryKind.STATIC:
+            if not self.prefill_urls:
+                raise ConfigError("--prefill: give at least one prefill URL (http://host:port)")
+            if not self.decode_urls:
+                raise ConfigError("--decode: give at least one decode URL (http://host:port)")
+            for flag, urls in (("--prefill", self.prefill_urls), ("--decode", self.decode_urls)):
+                for url in urls:
+                    check_url(flag, url)
+        elif not (self.prefill_service and self.decode_service):
+            raise ConfigError(
+                "--prefill-service/--decode-service: both Service names are required "
+                "with --discovery kubernetes"
+            )
+        limit = self.decode_kv_ttl_s - DECODE_EXPIRY_MARGIN_S
+        if not 0 < self.conversation_ttl_s < limit:
+            raise ConfigError(
+                f"--conversation-ttl: {self.conversation_ttl_s:g}s must be above 0 and strictly "
+                f"below --decode-kv-ttl minus {DECODE_EXPIRY_MARGIN_S:g}s ({limit:g}s), or "
+                "prefill would try to read decode blocks that are already released"
+            )
+        for name in ("max_conversations", "max_body_bytes", "port"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"--{name.replace('_', '-')}: must be a positive integer")
+        for name in (
+            "connect_timeout_s",
+            "prefill_timeout_s",
+            "decode_timeout_s",
+            "health_interval_s",
+            "health_timeout_s",
+            "health_max_backoff_s",
+        ):
+            if getattr(self, name) <= 0:
+                flag = name.removesuffix("_s").replace("_", "-")
+                raise ConfigError(f"--{flag}: must be a positive number of seconds")
+        if self.decode_affinity_slack < 0 or self.kv_bytes_per_token < 0:
+            raise ConfigError("--decode-affinity-slack/--kv-bytes-per-token: must not be negative")
+        if self.log_format not in ("text", "json"):
+            raise ConfigError("--log-format: choose text or json")
+        return self
+
+
+def check_url(flag: str, url: str) -> str:
+    """Return ``url`` without a trailing slash if it is http(s)://host:port, else raise."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.path not in ("", "/"):
+        raise ConfigError(f"{flag}: {url!r} is not a base URL like http://10.0.0.1:8100")
+    return url.rstrip("/")

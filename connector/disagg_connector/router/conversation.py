@@ -1,0 +1,80 @@
+"""Conversation keys and what the router remembers about a conversation's last turn."""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import json
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+SESSION_HEADER = "X-Session-ID"
+MAX_CONVERSATION_ID_CHARS = 512
+
+
+class Lookup(enum.StrEnum):
+    """Outcome of looking a conversation up at the start of a turn."""
+
+    HIT = "hit"
+    MISS = "miss"
+    EXPIRED = "expired"
+    STALE = "stale"
+    NO_KEY = "no_key"
+
+
+@dataclass(frozen=True)
+class TurnEntry:
+    """Decode's KV metadata after a successful turn, and where that KV lives."""
+
+    kv_transfer_params: dict[str, Any]
+    decode_url: str
+    expires_at: float
+    seq: int
+
+    def to_json(self) -> str:
+        """Serialize for a shared store."""
+        return json.dumps(asdict(self), separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> TurnEntry:
+        """Inverse of ``to_json``."""
+        data = json.loads(text)
+        return cls(
+            kv_transfer_params=dict(data["kv_transfer_params"]),
+            decode_url=str(data["decode_url"]),
+            expires_at=float(data["expires_at"]),
+            seq=int(data["seq"]),
+        )
+
+    def expired(self, now: float | None = None) -> bool:
+        """Whether decode may already have released this KV."""
+        return (time.time() if now is None else now) >= self.expires_at
+
+
+@dataclass(frozen=True)
+class TurnStart:
+    """What a store hands a starting turn: its sequence number, the entry it took, and the
+    decode replica of the last committed turn (kept even once the entry is taken or expired)."""
+
+    seq: int
+    entry: TurnEntry | None
+    lookup: Lookup
+    previous_decode: str | None
+
+
+def conversation_key(conversation_id: str, api_key: str | None, scope_by_api_key: bool) -> str:
+    """Derive the store key; with scoping, tenants with different API keys never collide."""
+    tenant = api_key if scope_by_api_key and api_key else ""
+    digest = hashlib.sha256(f"{tenant}\0{conversation_id}".encode()).hexdigest()
+    return digest[:40]
+
+
+def bearer_token(authorization: str | None) -> str | None:
+    """The token of an ``Authorization: Bearer <token>`` header, if any."""
+    if not authorization:
+        return None
+    scheme, _, token = authorization.partition(" ")
+    if scheme.lower() != "bearer":
+        return None
+    return token.strip() or None

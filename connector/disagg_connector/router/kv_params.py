@@ -1,0 +1,69 @@
+"""The ``kv_transfer_params`` the router passes between prefill and decode.
+
+Shapes follow vLLM's NIXL pull connector: prefill gets ``do_remote_decode: true`` plus, on a
+conversation hit, decode's metadata from the previous turn (the D->P read); decode gets what
+prefill returned (the P->D read). Extra keys an engine adds are passed through untouched.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from disagg_connector.router.conversation import TurnEntry
+
+KV_PARAMS = "kv_transfer_params"
+_KV_MARKER = b'"kv_transfer_params"'
+_UNROUTABLE_HOSTS = frozenset({"", "0.0.0.0", "::", "localhost", "127.0.0.1", "::1"})
+
+
+def prefill_params(entry: TurnEntry | None) -> dict[str, Any]:
+    """Prefill's params: a plain remote-decode request, or one that reads decode's blocks."""
+    if entry is None:
+        return {
+            "do_remote_decode": True,
+            "do_remote_prefill": False,
+            "remote_engine_id": None,
+            "remote_block_ids": None,
+            "remote_host": None,
+            "remote_port": None,
+        }
+    return {**entry.kv_transfer_params, "do_remote_decode": True, "do_remote_prefill": False}
+
+
+def routable(params: object, replica_host: str) -> dict[str, Any] | None:
+    """``params`` as a dict whose ``remote_host`` can be reached from other pods.
+
+    An engine reports its NIXL side-channel host; when that is a wildcard or loopback address
+    (the vLLM default), the replica's own address is used instead, as upstream's proxy does.
+    """
+    if not isinstance(params, dict):
+        return None
+    host = params.get("remote_host")
+    if (host is None or host in _UNROUTABLE_HOSTS) and replica_host:
+        return {**params, "remote_host": replica_host}
+    return params
+
+
+def strip_from_events(events: bytes) -> tuple[bytes, dict[str, Any] | None]:
+    """Remove ``kv_transfer_params`` from SSE ``data:`` events; return them and the params.
+
+    Only events that mention the field are decoded, so the common chunk costs one search.
+    """
+    if _KV_MARKER not in events:
+        return events, None
+    found: dict[str, Any] | None = None
+    out: list[bytes] = []
+    for event in events.split(b"\n\n"):
+        if _KV_MARKER in event and event.startswith(b"data: "):
+            try:
+                chunk = json.loads(event[6:])
+            except ValueError:
+                out.append(event)
+                continue
+            if isinstance(chunk, dict) and KV_PARAMS in chunk:
+                value = chunk.pop(KV_PARAMS)
+                found = value if isinstance(value, dict) else found
+                event = b"data: " + json.dumps(chunk, separators=(",", ":")).encode()
+        out.append(event)
+    return b"\n\n".join(out), found

@@ -1,0 +1,74 @@
+"""HTTP routes: thin wrappers over the proxy service and the router's state."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from fastapi import APIRouter
+from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.requests import Request
+from starlette.responses import Response
+
+from disagg_connector.router.errors import REQUEST_ID_HEADER, RouterError, error_response
+from disagg_connector.router.openai_request import Endpoint
+
+router = APIRouter()
+
+
+def _json(data: dict[str, Any], status: int = 200) -> Response:
+    return Response(json.dumps(data), status_code=status, media_type="application/json")
+
+
+@router.post(Endpoint.CHAT.value)
+async def chat_completions(request: Request) -> Response:
+    """OpenAI chat completions through prefill then decode."""
+    response: Response = await request.app.state.proxy.handle(Endpoint.CHAT, request)
+    return response
+
+
+@router.post(Endpoint.COMPLETIONS.value)
+async def completions(request: Request) -> Response:
+    """OpenAI text completions through prefill then decode."""
+    response: Response = await request.app.state.proxy.handle(Endpoint.COMPLETIONS, request)
+    return response
+
+
+@router.get("/v1/models")
+async def models(request: Request) -> Response:
+    """The models decode serves (as the engines list them)."""
+    health = request.app.state.health
+    if not health.models:
+        await health.ensure_models()
+    if not health.models:
+        error = RouterError(
+            503, "No decode replica listed its models yet.", error_type="service_unavailable"
+        )
+        return error_response(error, request.headers.get(REQUEST_ID_HEADER, ""))
+    return _json({"object": "list", "data": health.models})
+
+
+@router.get("/health")
+async def health(request: Request) -> Response:
+    """200 when at least one prefill and one decode replica are healthy and the store answers."""
+    state = request.app.state
+    body: dict[str, Any] = {
+        "prefill_healthy": len(state.prefill.healthy()),
+        "decode_healthy": len(state.decode.healthy()),
+        "store": "ok",
+    }
+    try:
+        await state.store.check()
+    except Exception as exc:
+        body["store"] = f"unreachable: {exc}"
+    ready = body["prefill_healthy"] > 0 and body["decode_healthy"] > 0 and body["store"] == "ok"
+    body["status"] = "ok" if ready else "unavailable"
+    return _json(body, 200 if ready else 503)
+
+
+@router.get("/metrics")
+async def metrics(request: Request) -> Response:
+    """Prometheus text exposition."""
+    state = request.app.state
+    payload = state.metrics.render((state.prefill, state.decode))
+    return Response(payload, media_type=CONTENT_TYPE_LATEST)

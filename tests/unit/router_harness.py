@@ -1,0 +1,146 @@
+"""Real servers for router tests: stand-in engines and routers under uvicorn, on threads.
+
+Each server listens on its own loopback socket; stopping one closes its port, so the router
+sees real connection failures. ``RouterRig`` wires stand-ins and a router together.
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import httpx
+import uvicorn
+from engine_standin import StandinState, build_app
+
+from disagg_connector.router.app import create_app
+from disagg_connector.router.config import RouterConfig
+
+
+def bind_loopback(port: int = 0) -> socket.socket:
+    """A listening-ready TCP socket on 127.0.0.1 (``port`` 0 picks a free one)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", port))
+    return sock
+
+
+class ServerThread:
+    """One ASGI app served by uvicorn on a background thread."""
+
+    def __init__(self, app: Any, port: int = 0) -> None:
+        self._sock = bind_loopback(port)
+        self.port: int = self._sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        config = uvicorn.Config(app, log_level="warning", lifespan="on", access_log=False)
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True
+        )
+
+    def start(self) -> ServerThread:
+        """Start serving and wait until the app's startup finished."""
+        self._thread.start()
+        deadline = time.monotonic() + 20
+        while not self._server.started:
+            if time.monotonic() > deadline or not self._thread.is_alive():
+                raise RuntimeError(f"server on port {self.port} did not start")
+            time.sleep(0.01)
+        return self
+
+    def stop(self) -> None:
+        """Shut down (connections refused afterwards) and wait for the thread."""
+        self._server.should_exit = True
+        self._thread.join(timeout=20)
+        self._sock.close()
+
+
+@dataclass
+class Engine:
+    """A running stand-in engine."""
+
+    state: StandinState
+    server: ServerThread
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+
+def start_engine(role: str, name: str, port: int = 0) -> Engine:
+    """Start a stand-in engine of ``role``."""
+    state = StandinState(role=role, name=name)
+    return Engine(state, ServerThread(build_app(state), port).start())
+
+
+def router_config(prefill: list[str], decode: list[str], **overrides: Any) -> RouterConfig:
+    """A router config for tests: fast health checks, static discovery."""
+    base = RouterConfig(
+        prefill_urls=tuple(prefill),
+        decode_urls=tuple(decode),
+        health_interval_s=0.2,
+        health_max_backoff_s=0.4,
+        connect_timeout_s=1.0,
+        prefill_timeout_s=10.0,
+        decode_timeout_s=10.0,
+    )
+    return replace(base, **overrides).validate()
+
+
+@dataclass
+class RouterRig:
+    """Stand-in prefill and decode engines behind one or more routers."""
+
+    prefill: list[Engine]
+    decode: list[Engine]
+    routers: list[ServerThread] = field(default_factory=list)
+
+    def start_router(self, **overrides: Any) -> ServerThread:
+        """Start a router in front of every engine; ``overrides`` patch its config."""
+        config = router_config(
+            [e.url for e in self.prefill], [e.url for e in self.decode], **overrides
+        )
+        router = ServerThread(create_app(config)).start()
+        self.routers.append(router)
+        return router
+
+    def stop(self) -> None:
+        """Stop routers, then engines."""
+        for router in self.routers:
+            router.stop()
+        for engine in self.prefill + self.decode:
+            engine.server.stop()
+
+
+@contextmanager
+def router_rig(prefills: int = 2, decodes: int = 2, **overrides: Any) -> Iterator[RouterRig]:
+    """A rig with one router started; stopped on exit."""
+    rig = RouterRig(
+        [start_engine("prefill", f"p{i}") for i in range(prefills)],
+        [start_engine("decode", f"d{i}") for i in range(decodes)],
+    )
+    try:
+        rig.start_router(**overrides)
+        yield rig
+    finally:
+        rig.stop()
+
+
+def metric(client: httpx.Client, name: str, **labels: str) -> float:
+    """The value of one Prometheus sample on the router's /metrics (0 if absent)."""
+    text = client.get("/metrics").text
+    wanted = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    for line in text.splitlines():
+        match = re.fullmatch(r"([a-zA-Z_:]+)(?:\{(.*)\})? (\S+)", line)
+        if not match or match.group(1) != name:
+            continue
+        found = ",".join(sorted((match.group(2) or "").split(","))) if match.group(2) else ""
+        if found == wanted:
+            return float(match.group(3))
+    return 0.0
