@@ -26,6 +26,7 @@ lint: venv
 
 crds: venv
 	$(BIN)/python -m disagg_operator.crd_gen --write
+	$(BIN)/python -m disagg_operator.reference --write
 
 ## ---- Tests -----------------------------------------------------------------
 test-unit: venv

@@ -48,8 +48,3 @@ def labels(name: str, component: Component) -> dict[str, str]:
         f"{LABEL_PREFIX}part-of": APP_NAME,
         f"{LABEL_PREFIX}managed-by": MANAGED_BY,
     }
-
-
-def service_host(name: str, namespace: str, component: Component, port: int) -> str:
-    """`<service>.<namespace>.svc:<port>` of a component's Service."""
-    return f"{child_name(name, component)}.{namespace}.svc:{port}"

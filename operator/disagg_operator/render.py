@@ -24,7 +24,6 @@ from disagg_operator.names import (
     child_name,
     labels,
     selector_labels,
-    service_host,
 )
 
 Manifest = dict[str, Any]
@@ -36,6 +35,7 @@ EFA_RESOURCE = "vpc.amazonaws.com/efa"
 HUGEPAGES_RESOURCE = "hugepages-2Mi"
 ZONE_TOPOLOGY_KEY = "topology.kubernetes.io/zone"
 HEALTH_PATH = "/health"
+ENGINE_PORT_NAME = "http"
 CONNECTOR_VOLUME = "connector-config"
 CACHE_VOLUME = "model-cache"
 SHM_VOLUME = "dshm"
@@ -78,7 +78,7 @@ def _pull_secrets(names: list[str]) -> list[dict[str, str]]:
 
 def _http_probe(period: int, failures: int) -> dict[str, Any]:
     return {
-        "httpGet": {"path": HEALTH_PATH, "port": "http"},
+        "httpGet": {"path": HEALTH_PATH, "port": ENGINE_PORT_NAME},
         "periodSeconds": period,
         "failureThreshold": failures,
     }
@@ -265,12 +265,12 @@ def _router(name: str, namespace: str, spec: DisaggregatedModelSpec) -> list[Man
         "name": child_name(name, Component.ROUTER),
         "namespace": namespace,
         "labels": labels(name, Component.ROUTER),
-        "selector": selector_labels(name, Component.ROUTER),
-        "port": router.port,
     }
     deployment = _render(
         "router/deployment.yaml.j2",
         **common,
+        selector=selector_labels(name, Component.ROUTER),
+        port=router.port,
         replicas=router.replicas,
         image=image.reference,
         pull_policy=image.pull_policy,
@@ -280,19 +280,38 @@ def _router(name: str, namespace: str, spec: DisaggregatedModelSpec) -> list[Man
             "router",
             "--port",
             str(router.port),
+            "--discovery",
+            "kubernetes",
+            "--namespace",
+            namespace,
             "--prefill-service",
-            service_host(name, namespace, Component.PREFILL, VLLM_PORT),
+            child_name(name, Component.PREFILL),
             "--decode-service",
-            service_host(name, namespace, Component.DECODE, VLLM_PORT),
+            child_name(name, Component.DECODE),
+            "--port-name",
+            ENGINE_PORT_NAME,
             "--conversation-ttl",
             str(spec.conversation_ttl_seconds),
+            "--decode-kv-ttl",
+            str(spec.kv_transfer.decoder_kv_blocks_ttl_seconds),
         ],
         resources=_resources(ROUTER_REQUESTS, {}, router.resources),
         readiness_probe=_http_probe(period=5, failures=3),
-        liveness_probe=_http_probe(period=10, failures=6),
+        liveness_probe={"tcpSocket": {"port": "http"}, "periodSeconds": 10, "failureThreshold": 6},
     )
-    service = _render("router/service.yaml.j2", **common, service_type=router.service_type)
-    return [service, deployment]
+    return [
+        _render("router/serviceaccount.yaml.j2", **common),
+        _render("router/role.yaml.j2", **common),
+        _render("router/rolebinding.yaml.j2", **common),
+        _render(
+            "router/service.yaml.j2",
+            **common,
+            selector=selector_labels(name, Component.ROUTER),
+            port=router.port,
+            service_type=router.service_type,
+        ),
+        deployment,
+    ]
 
 
 def render(name: str, namespace: str, spec: DisaggregatedModelSpec) -> list[Manifest]:

@@ -1,0 +1,105 @@
+"""An offline stand-in for the API server's admission of a custom resource against our CRD.
+
+It applies the structural schema's defaults, validates the OpenAPI constraints (jsonschema),
+refuses unknown fields (kubectl's strict field validation) and evaluates every CEL rule with
+cel-python, reporting each problem as `path: message` with the rule's `fieldPath` appended, as
+the API server does. The cluster tests check the same against a real kube-apiserver.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from functools import cache
+from typing import Any
+
+import celpy
+import jsonschema
+import yaml
+from disagg_operator.crd_gen import crd_yaml
+from disagg_operator.errors import field_path
+
+Schema = dict[str, Any]
+
+
+def root_schema() -> Schema:
+    """The openAPIV3Schema of the generated CRD."""
+    crd = yaml.safe_load(crd_yaml())
+    schema: Schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    return schema
+
+
+def apply_defaults(obj: Any, schema: Schema) -> Any:
+    """Structural defaulting: fill absent properties that declare a default, recursively."""
+    if isinstance(obj, dict):
+        properties = schema.get("properties", {})
+        for name, prop in properties.items():
+            if name not in obj and "default" in prop:
+                obj[name] = copy.deepcopy(prop["default"])
+        for name, value in obj.items():
+            if name in properties:
+                apply_defaults(value, properties[name])
+            elif isinstance(schema.get("additionalProperties"), dict):
+                apply_defaults(value, schema["additionalProperties"])
+    elif isinstance(obj, list) and "items" in schema:
+        for item in obj:
+            apply_defaults(item, schema["items"])
+    return obj
+
+
+def _schema_errors(obj: Any, schema: Schema) -> Iterator[str]:
+    for error in jsonschema.Draft4Validator(schema).iter_errors(obj):
+        loc = list(error.absolute_path)
+        if error.validator == "required":
+            missing = [name for name in error.validator_value if name not in error.instance]
+            for name in missing:
+                yield f"{field_path([*loc, name])}: Required value"
+        else:
+            yield f"{field_path(loc)}: {error.message}"
+
+
+def _unknown_fields(obj: Any, schema: Schema, loc: list[int | str]) -> Iterator[str]:
+    if isinstance(obj, dict):
+        properties = schema.get("properties")
+        for name, value in obj.items():
+            if properties is not None and name in properties:
+                yield from _unknown_fields(value, properties[name], [*loc, name])
+            elif isinstance(schema.get("additionalProperties"), dict):
+                yield from _unknown_fields(value, schema["additionalProperties"], [*loc, name])
+            elif properties is not None and not schema.get("x-kubernetes-preserve-unknown-fields"):
+                yield f"{field_path([*loc, name])}: field not declared in schema"
+    elif isinstance(obj, list) and "items" in schema:
+        for index, item in enumerate(obj):
+            yield from _unknown_fields(item, schema["items"], [*loc, index])
+
+
+@cache
+def _program(rule: str) -> celpy.Runner:
+    env = celpy.Environment()
+    return env.program(env.compile(rule))
+
+
+def cel_failures(obj: Any, schema: Schema, loc: list[int | str]) -> Iterator[str]:
+    """`path: message` for every CEL rule that does not hold on `obj` or below it."""
+    for rule in schema.get("x-kubernetes-validations", []):
+        result = _program(rule["rule"]).evaluate({"self": celpy.json_to_cel(obj)})
+        if not (isinstance(result, celpy.celtypes.BoolType) and bool(result)):
+            path = field_path([*loc, *rule.get("fieldPath", "").lstrip(".").split(".")])
+            yield f"{path}: {rule['message']}"
+    if isinstance(obj, dict):
+        for name, value in obj.items():
+            if name in schema.get("properties", {}):
+                yield from cel_failures(value, schema["properties"][name], [*loc, name])
+    elif isinstance(obj, list) and "items" in schema:
+        for index, item in enumerate(obj):
+            yield from cel_failures(item, schema["items"], [*loc, index])
+
+
+def admission_errors(obj: dict[str, Any]) -> list[str]:
+    """What the API server would refuse in `obj` (after defaulting), as `path: message`."""
+    schema = root_schema()
+    defaulted = apply_defaults(copy.deepcopy(obj), schema)
+    errors = [*_schema_errors(defaulted, schema), *_unknown_fields(defaulted, schema, [])]
+    if not errors:
+        errors = list(cel_failures(defaulted, schema, []))
+    return errors

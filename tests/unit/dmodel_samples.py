@@ -1,0 +1,228 @@
+"""DisaggregatedModel samples shared by the API, CRD and rendering tests.
+
+`INVALID_SPECS` is the catalogue of refused specs: each case patches a minimal valid spec and
+names the field path every layer (models, CRD schema + CEL) must blame.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
+
+DELETE = object()
+"""Patch value that removes a key."""
+
+
+def minimal_spec() -> dict[str, Any]:
+    """The smallest valid spec: a model and an image."""
+    return {
+        "model": {"name": "Qwen/Qwen3-0.6B"},
+        "image": {"repository": "ghcr.io/acme/disagg-vllm", "tag": "1.0"},
+    }
+
+
+def patched(base: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
+    """A deep copy of `base` with `patch` merged in (dicts recursively, `DELETE` removes)."""
+    out = copy.deepcopy(base)
+    for key, value in patch.items():
+        if value is DELETE:
+            out.pop(key, None)
+        elif isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = patched(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def spec_with(patch: dict[str, Any]) -> dict[str, Any]:
+    """The minimal spec with `patch` merged in."""
+    return patched(minimal_spec(), patch)
+
+
+def resource(spec: dict[str, Any], name: str = "demo", namespace: str = "ml") -> dict[str, Any]:
+    """A whole DisaggregatedModel object around `spec`."""
+    return {
+        "apiVersion": "disagg.dev/v1alpha1",
+        "kind": "DisaggregatedModel",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": spec,
+    }
+
+
+def load_example(path: Path) -> dict[str, Any]:
+    """One example CR as a dict."""
+    data: dict[str, Any] = yaml.safe_load(path.read_text())
+    return data
+
+
+@dataclass(frozen=True)
+class InvalidSpec:
+    """A spec patch that must be refused, blaming `path`."""
+
+    id: str
+    patch: dict[str, Any]
+    path: str
+    cross_field: bool = False
+
+
+INVALID_SPECS = [
+    InvalidSpec(
+        "negative-decode-ttl",
+        {"kvTransfer": {"decoderKvBlocksTtlSeconds": -1}},
+        "spec.kvTransfer.decoderKvBlocksTtlSeconds",
+    ),
+    InvalidSpec(
+        "router-ttl-not-below-decode-ttl-minus-margin",
+        {
+            "kvTransfer": {"decoderKvBlocksTtlSeconds": 480},
+            "router": {"conversationTtlSeconds": 475},
+        },
+        "spec.router.conversationTtlSeconds",
+        cross_field=True,
+    ),
+    InvalidSpec(
+        "router-ttl-above-decode-ttl",
+        {
+            "kvTransfer": {"decoderKvBlocksTtlSeconds": 120},
+            "router": {"conversationTtlSeconds": 300},
+        },
+        "spec.router.conversationTtlSeconds",
+        cross_field=True,
+    ),
+    InvalidSpec(
+        "zero-router-ttl",
+        {"router": {"conversationTtlSeconds": 0}},
+        "spec.router.conversationTtlSeconds",
+    ),
+    InvalidSpec(
+        "tp-zero", {"prefill": {"tensorParallelSize": 0}}, "spec.prefill.tensorParallelSize"
+    ),
+    InvalidSpec("unknown-backend", {"kvTransfer": {"backend": "TCP"}}, "spec.kvTransfer.backend"),
+    InvalidSpec("replicas-as-string", {"prefill": {"replicas": "2"}}, "spec.prefill.replicas"),
+    InvalidSpec("replicas-as-bool", {"decode": {"replicas": True}}, "spec.decode.replicas"),
+    InvalidSpec(
+        "bidirectional-as-string",
+        {"kvTransfer": {"bidirectional": "yes"}},
+        "spec.kvTransfer.bidirectional",
+    ),
+    InvalidSpec(
+        "max-model-len-as-float", {"model": {"maxModelLen": 1.5}}, "spec.model.maxModelLen"
+    ),
+    InvalidSpec("missing-model", {"model": DELETE}, "spec.model"),
+    InvalidSpec("missing-model-name", {"model": {"name": DELETE}}, "spec.model.name"),
+    InvalidSpec("empty-model-name", {"model": {"name": ""}}, "spec.model.name"),
+    InvalidSpec("missing-image", {"image": DELETE}, "spec.image"),
+    InvalidSpec("unknown-field", {"prefill": {"tensorParallel": 8}}, "spec.prefill.tensorParallel"),
+    InvalidSpec(
+        "gpus-below-tp",
+        {"decode": {"tensorParallelSize": 8, "gpusPerPod": 4}},
+        "spec.decode.gpusPerPod",
+        cross_field=True,
+    ),
+    InvalidSpec(
+        "libfabric-without-efa",
+        {"efa": {"enabled": False}, "kvTransfer": {"backend": "LIBFABRIC"}},
+        "spec.kvTransfer.backend",
+        cross_field=True,
+    ),
+    InvalidSpec(
+        "side-channel-on-vllm-port",
+        {"kvTransfer": {"sideChannelPort": 8000}},
+        "spec.kvTransfer.sideChannelPort",
+        cross_field=True,
+    ),
+    InvalidSpec(
+        "side-channel-port-out-of-range",
+        {"kvTransfer": {"sideChannelPort": 70000}},
+        "spec.kvTransfer.sideChannelPort",
+    ),
+    InvalidSpec(
+        "unknown-load-failure-policy",
+        {"kvTransfer": {"loadFailurePolicy": "abort"}},
+        "spec.kvTransfer.loadFailurePolicy",
+    ),
+    InvalidSpec(
+        "zero-recompute-threshold",
+        {"kvTransfer": {"recomputeThresholdTokens": 0}},
+        "spec.kvTransfer.recomputeThresholdTokens",
+    ),
+    InvalidSpec(
+        "threshold-not-below-max-model-len",
+        {"model": {"maxModelLen": 1024}, "kvTransfer": {"recomputeThresholdTokens": 1024}},
+        "spec.kvTransfer.recomputeThresholdTokens",
+        cross_field=True,
+    ),
+    InvalidSpec(
+        "extra-args-repeat-kv-transfer-config",
+        {"prefill": {"extraArgs": ["--enforce-eager", "--kv-transfer-config={}"]}},
+        "spec.prefill.extraArgs",
+        cross_field=True,
+    ),
+    InvalidSpec(
+        "extra-args-repeat-tp",
+        {"decode": {"extraArgs": ["--tensor-parallel-size", "4"]}},
+        "spec.decode.extraArgs",
+        cross_field=True,
+    ),
+    InvalidSpec(
+        "env-sets-hash-seed",
+        {"decode": {"env": [{"name": "PYTHONHASHSEED", "value": "0"}]}},
+        "spec.decode.env",
+        cross_field=True,
+    ),
+    InvalidSpec(
+        "env-value-and-value-from",
+        {"prefill": {"env": [{"name": "X", "value": "1", "valueFrom": {"fieldRef": {}}}]}},
+        "spec.prefill.env[0].valueFrom",
+        cross_field=True,
+    ),
+    InvalidSpec(
+        "pod-label-overrides-selector",
+        {"prefill": {"podLabels": {"app.kubernetes.io/component": "x"}}},
+        "spec.prefill.podLabels",
+        cross_field=True,
+    ),
+    InvalidSpec(
+        "cache-pvc-and-host-path",
+        {"model": {"cache": {"pvc": {"claimName": "c"}, "hostPath": {"path": "/data"}}}},
+        "spec.model.cache.pvc",
+        cross_field=True,
+    ),
+    InvalidSpec(
+        "cache-without-source",
+        {"model": {"cache": {"mountPath": "/models"}}},
+        "spec.model.cache.pvc",
+        cross_field=True,
+    ),
+    InvalidSpec(
+        "cache-relative-host-path",
+        {"model": {"cache": {"hostPath": {"path": "data"}}}},
+        "spec.model.cache.hostPath.path",
+    ),
+    InvalidSpec(
+        "bad-quantity",
+        {"prefill": {"resources": {"requests": {"memory": "lots"}}}},
+        "spec.prefill.resources.requests.memory",
+    ),
+    InvalidSpec(
+        "unknown-service-type", {"router": {"serviceType": "Ingress"}}, "spec.router.serviceType"
+    ),
+    InvalidSpec("negative-router-replicas", {"router": {"replicas": -1}}, "spec.router.replicas"),
+    InvalidSpec("zero-efa-devices", {"efa": {"devicesPerPod": 0}}, "spec.efa.devicesPerPod"),
+    InvalidSpec("unknown-dtype", {"model": {"dtype": "int4"}}, "spec.model.dtype"),
+    InvalidSpec(
+        "unknown-pull-policy", {"image": {"pullPolicy": "Sometimes"}}, "spec.image.pullPolicy"
+    ),
+    InvalidSpec(
+        "unknown-toleration-operator",
+        {"prefill": {"tolerations": [{"key": "k", "operator": "Maybe"}]}},
+        "spec.prefill.tolerations[0].operator",
+    ),
+]
