@@ -1,0 +1,61 @@
+"""Let an idle engine that only holds retained KV blocks wait for input instead of spinning.
+
+While a finished request's blocks are retained (decode keeping a turn for D->P reads, or
+prefill waiting for decode's read), vLLM keeps stepping its engine every ~1 ms and its worker
+busy-polls the step queue: about one core while nothing happens. With
+``DISAGG_IDLE_STEP_WAIT_MS`` set, the scheduler-side connector makes such an idle step wait up
+to that long on the engine's input queue, waking at once when a request arrives. Freeing blocks
+(read notifications, TTL expiry) is then noticed up to that much later; nothing else changes.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import queue
+from typing import Any
+
+IDLE_WAIT_ENV = "DISAGG_IDLE_STEP_WAIT_MS"
+
+
+class EngineInputWaiter:
+    """Waits until the engine's input queue is non-empty or a timeout passes."""
+
+    def __init__(self, input_queue: queue.Queue[Any], timeout_s: float) -> None:
+        self._queue = input_queue
+        self.timeout_s = timeout_s
+
+    def wait(self) -> None:
+        """Block until input arrives or the timeout passes."""
+        with self._queue.not_empty:
+            if not self._queue.queue:
+                self._queue.not_empty.wait(self.timeout_s)
+
+    @classmethod
+    def from_env(cls) -> EngineInputWaiter | None:
+        """Build a waiter on the calling engine's input queue when the env var asks for one.
+
+        Must run while vLLM's engine core is constructing its scheduler: the engine core
+        object is found on the call stack. Returns None when disabled or not found.
+        """
+        wait_ms = float(os.environ.get(IDLE_WAIT_ENV, "0") or 0)
+        if wait_ms <= 0:
+            return None
+        input_queue = _find_engine_input_queue()
+        if input_queue is None:
+            return None
+        return cls(input_queue, wait_ms / 1000.0)
+
+
+def _find_engine_input_queue() -> queue.Queue[Any] | None:
+    frame = inspect.currentframe()
+    try:
+        while frame is not None:
+            owner = frame.f_locals.get("self")
+            candidate = getattr(owner, "input_queue", None)
+            if isinstance(candidate, queue.Queue):
+                return candidate
+            frame = frame.f_back
+        return None
+    finally:
+        del frame

@@ -1,0 +1,129 @@
+"""Check a rendered ``--kv-transfer-config`` against the role and the installed vLLM.
+
+Pure functions: the launcher gathers what vLLM accepts (:mod:`vllm_facts`) and passes it in,
+so the checks run in unit tests without vLLM. Every error names the offending key or version
+and says how to fix it.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Collection, Mapping
+from typing import Any
+
+from disagg_connector.vllm_version import parse_version
+
+
+class Role(enum.StrEnum):
+    """Serving role of one vLLM server."""
+
+    PREFILL = "prefill"
+    DECODE = "decode"
+
+
+KV_ROLE_BY_ROLE = {Role.PREFILL: "kv_producer", Role.DECODE: "kv_consumer"}
+"""The ``kv_role`` vLLM's NIXL connector expects per role (``kv_both`` is deprecated there)."""
+
+MIN_VLLM_VERSION = (0, 32)
+"""Oldest vLLM with bidirectional NIXL transfer and the ``nixl/`` connector package."""
+
+EXTRA_KEY_TYPES: dict[str, type | tuple[type, ...]] = {
+    "bidirectional_kv_xfer": bool,
+    "decoder_kv_blocks_ttl": int,
+    "kv_recompute_threshold": int,
+    "backends": list,
+    "kv_lease_duration": int,
+    "num_threads": int,
+    "enable_cross_layers_blocks": bool,
+}
+"""``kv_connector_extra_config`` keys vLLM's NIXL connector reads, with their JSON types."""
+
+NIXL_BACKENDS = ("UCX", "LIBFABRIC")
+
+
+class LaunchConfigError(ValueError):
+    """The connector config cannot be served as is."""
+
+
+def _version_text(version: tuple[int, ...]) -> str:
+    return ".".join(str(part) for part in version)
+
+
+def check_config(
+    config: object,
+    role: Role,
+    *,
+    accepted_keys: Collection[str],
+    vllm_version: str,
+    source: str,
+) -> dict[str, Any]:
+    """Validate ``config`` (parsed JSON) for ``role``; return it unchanged when it is servable."""
+    if not isinstance(config, dict):
+        raise LaunchConfigError(f"{source}: the connector config must be a JSON object")
+    unknown = sorted(set(config) - set(accepted_keys))
+    if unknown:
+        raise LaunchConfigError(
+            f"{source}: key {unknown[0]!r} is not accepted by vLLM {vllm_version}'s "
+            f"--kv-transfer-config (accepted: {', '.join(sorted(accepted_keys))}); remove it"
+        )
+    if not config.get("kv_connector"):
+        raise LaunchConfigError(f"{source}: 'kv_connector' is required (e.g. 'DisaggConnector')")
+    expected_kv_role = KV_ROLE_BY_ROLE[role]
+    if config.get("kv_role") != expected_kv_role:
+        raise LaunchConfigError(
+            f"{source}: 'kv_role' is {config.get('kv_role')!r} but a {role.value} server "
+            f"needs {expected_kv_role!r}"
+        )
+    extra = config.get("kv_connector_extra_config", {})
+    if not isinstance(extra, Mapping):
+        raise LaunchConfigError(f"{source}: 'kv_connector_extra_config' must be a JSON object")
+    _check_extra(extra, source)
+    if parse_version(vllm_version)[:2] < MIN_VLLM_VERSION:
+        raise LaunchConfigError(
+            f"{source}: vLLM {vllm_version} is too old for bidirectional KV transfer and "
+            f"the disagg connector; install vLLM >= {_version_text(MIN_VLLM_VERSION)}"
+        )
+    return config
+
+
+def _check_extra(extra: Mapping[str, Any], source: str) -> None:
+    for key, value in extra.items():
+        expected = EXTRA_KEY_TYPES.get(key)
+        if expected is None:
+            raise LaunchConfigError(
+                f"{source}: kv_connector_extra_config key {key!r} is not read by vLLM's NIXL "
+                f"connector (known: {', '.join(sorted(EXTRA_KEY_TYPES))}); fix or remove it"
+            )
+        wrong_bool = isinstance(value, bool) and expected is int
+        if wrong_bool or not isinstance(value, expected):
+            kind = expected.__name__ if isinstance(expected, type) else str(expected)
+            raise LaunchConfigError(
+                f"{source}: kv_connector_extra_config.{key} must be a JSON {kind}, got {value!r}"
+            )
+    for key in ("decoder_kv_blocks_ttl", "kv_lease_duration"):
+        if key in extra and extra[key] <= 0:
+            raise LaunchConfigError(
+                f"{source}: kv_connector_extra_config.{key} must be > 0 seconds"
+            )
+    if extra.get("kv_recompute_threshold", 0) < 0:
+        raise LaunchConfigError(
+            f"{source}: kv_connector_extra_config.kv_recompute_threshold must be >= 0 tokens"
+        )
+    for backend in extra.get("backends", []):
+        if backend not in NIXL_BACKENDS:
+            raise LaunchConfigError(
+                f"{source}: kv_connector_extra_config.backends entry {backend!r} is not one "
+                f"of {', '.join(NIXL_BACKENDS)}"
+            )
+
+
+def serving_env(environ: Mapping[str, str], config: Mapping[str, Any]) -> dict[str, str]:
+    """The environment for vLLM: side channel and EFA defaults, never overriding the user's."""
+    env = dict(environ)
+    if "VLLM_NIXL_SIDE_CHANNEL_HOST" not in env and env.get("POD_IP"):
+        env["VLLM_NIXL_SIDE_CHANNEL_HOST"] = env["POD_IP"]
+    env.setdefault("VLLM_NIXL_SIDE_CHANNEL_PORT", "5600")
+    backends = config.get("kv_connector_extra_config", {}).get("backends", [])
+    if "LIBFABRIC" in backends:
+        env.setdefault("FI_PROVIDER", "efa")
+    return env

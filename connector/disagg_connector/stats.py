@@ -1,0 +1,94 @@
+"""Connector stats and Prometheus metrics: NIXL's, plus verified-prefix reuse counts.
+
+The counts ride in vLLM's connector stats, so they show up in the periodic
+``KV Transfer metrics:`` log line of the prefill server and as Prometheus counters.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vllm.config import VllmConfig
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
+    KVConnectorStats,
+    PromMetric,
+    PromMetricT,
+)
+from vllm.distributed.kv_transfer.kv_connector.v1.nixl.stats import (
+    NixlKVConnectorStats,
+    NixlPromMetrics,
+)
+from vllm.v1.metrics.utils import create_metric_per_engine
+
+REUSED_TOKENS = "disagg_reused_tokens"
+REJECTED_TOKENS = "disagg_rejected_tokens"
+_REUSE_KEYS = (REUSED_TOKENS, REJECTED_TOKENS)
+
+
+class DisaggKVConnectorStats(NixlKVConnectorStats):
+    """NIXL transfer stats plus tokens pulled from decode and tokens refused by verification."""
+
+    def reset(self) -> None:
+        super().reset()
+        for key in _REUSE_KEYS:
+            self.data[key] = []
+
+    def record_reuse(self, reused_tokens: int, rejected_tokens: int) -> None:
+        """Record one D->P offer: tokens pulled and tokens recomputed instead."""
+        self.data[REUSED_TOKENS].append(reused_tokens)
+        self.data[REJECTED_TOKENS].append(rejected_tokens)
+
+    def is_empty(self) -> bool:
+        return bool(super().is_empty()) and not any(self.data.get(k) for k in _REUSE_KEYS)
+
+    def aggregate(self, other: KVConnectorStats) -> KVConnectorStats:
+        if not other.is_empty():
+            for key, values in other.data.items():
+                self.data.setdefault(key, []).extend(values)
+        return self
+
+    def reduce(self) -> dict[str, int | float]:
+        reduced: dict[str, int | float] = super().reduce()
+        reduced["Num D->P offers"] = len(self.data.get(REUSED_TOKENS, []))
+        reduced["D->P reused tokens"] = sum(self.data.get(REUSED_TOKENS, []))
+        reduced["D->P rejected tokens"] = sum(self.data.get(REJECTED_TOKENS, []))
+        return reduced
+
+
+class DisaggPromMetrics(NixlPromMetrics):
+    """NIXL's Prometheus metrics plus counters of reused and rejected D->P tokens."""
+
+    def __init__(
+        self,
+        vllm_config: VllmConfig,
+        metric_types: dict[type[PromMetric], type[PromMetricT]],
+        labelnames: list[str],
+        per_engine_labelvalues: dict[int, list[object]],
+    ) -> None:
+        super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+        self.reuse_counters = {
+            REUSED_TOKENS: create_metric_per_engine(
+                self._counter_cls(
+                    name="vllm:disagg_kv_reused_tokens",
+                    documentation="Tokens of decode's retained KV pulled by prefill (D->P) "
+                    "after prefix verification.",
+                    labelnames=labelnames,
+                ),
+                self.per_engine_labelvalues,
+            ),
+            REJECTED_TOKENS: create_metric_per_engine(
+                self._counter_cls(
+                    name="vllm:disagg_kv_rejected_tokens",
+                    documentation="Tokens of decode's retained KV offered to prefill but "
+                    "recomputed: they failed prefix verification or the offer expired.",
+                    labelnames=labelnames,
+                ),
+                self.per_engine_labelvalues,
+            ),
+        }
+
+    def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:
+        super().observe(transfer_stats_data, engine_idx)
+        for key, counter in self.reuse_counters.items():
+            for value in transfer_stats_data.get(key, ()):
+                counter[engine_idx].inc(value)

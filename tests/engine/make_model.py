@@ -1,0 +1,86 @@
+"""Create the rig's tiny Llama-style model locally: a trained BPE tokenizer, a chat template
+and random float32 weights (nothing comes from a model hub).
+
+Usage: python make_model.py OUTPUT_DIR. Deterministic: the same inputs give the same model.
+A wide ``initializer_range`` keeps greedy output from collapsing onto one repeated token.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+VOCAB_SIZE = 2048
+SPECIAL_TOKENS = ["<|begin|>", "<|eot|>", "<|system|>", "<|user|>", "<|assistant|>"]
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}<|{{ message['role'] }}|>"
+    "{{ message['content'] }}<|eot|>{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+SYLLABLES = ["ka", "lo", "mi", "ne", "su", "ta", "ri", "po", "va", "de", "gu", "zi", "on", "el"]
+
+
+def synthetic_corpus(lines: int = 4000, seed: int = 1234) -> list[str]:
+    """Deterministic pseudo-words and punctuation to train the tokenizer on."""
+    rng = random.Random(seed)
+    words = ["".join(rng.choices(SYLLABLES, k=rng.randint(1, 4))) for _ in range(600)]
+    corpus = []
+    for _ in range(lines):
+        sentence = " ".join(rng.choices(words, k=rng.randint(4, 16)))
+        corpus.append(sentence.capitalize() + rng.choice([".", "?", "!", ",", ";"]))
+    return corpus
+
+
+def build_tokenizer() -> PreTrainedTokenizerFast:
+    """Train a byte-level BPE tokenizer and wrap it with the chat template."""
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB_SIZE,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tokenizer.train_from_iterator(synthetic_corpus(), trainer=trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        bos_token="<|begin|>",
+        eos_token="<|eot|>",
+        chat_template=CHAT_TEMPLATE,
+    )
+
+
+def build_model(tokenizer: PreTrainedTokenizerFast) -> LlamaForCausalLM:
+    """A 4-layer, 256-wide Llama with random float32 weights."""
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        initializer_range=0.1,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        tie_word_embeddings=False,
+        torch_dtype="float32",
+    )
+    return LlamaForCausalLM(config).to(torch.float32)
+
+
+def main(output_dir: str) -> None:
+    target = Path(output_dir)
+    tokenizer = build_tokenizer()
+    build_model(tokenizer).save_pretrained(target)
+    tokenizer.save_pretrained(target)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

