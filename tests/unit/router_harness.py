@@ -8,19 +8,20 @@ from __future__ import annotations
 
 import re
 import socket
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import httpx
 import uvicorn
-from engine_standin import StandinState, build_app
-
 from disagg_connector.router.app import create_app
 from disagg_connector.router.config import RouterConfig
+from engine_standin import StandinState, build_app
 
 
 def bind_loopback(port: int = 0) -> socket.socket:
@@ -144,3 +145,34 @@ def metric(client: httpx.Client, name: str, **labels: str) -> float:
         if found == wanted:
             return float(match.group(3))
     return 0.0
+
+
+REDIS_SCRIPT = Path(__file__).with_name("redis_server.sh")
+
+
+@contextmanager
+def redis_server() -> Iterator[str]:
+    """A real redis-server on a free loopback port (installed if missing); yields its URL."""
+    with bind_loopback() as sock:
+        port = sock.getsockname()[1]
+    process = subprocess.Popen(
+        [str(REDIS_SCRIPT), str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1) as conn:
+                    conn.sendall(b"PING\r\n")
+                    if conn.recv(16).startswith(b"+PONG"):
+                        break
+            except OSError:
+                pass
+            if process.poll() is not None or time.monotonic() > deadline:
+                stderr = process.stderr.read().decode() if process.stderr else ""
+                raise RuntimeError(f"redis-server did not start: {stderr}")
+            time.sleep(0.05)
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        process.terminate()
+        process.wait(timeout=10)

@@ -14,6 +14,8 @@ from disagg_connector.router.replicas import Replica, ReplicaPool, Role
 
 log = logging.getLogger(__name__)
 
+_MAX_SLEEP_S = 0.25
+
 
 class HealthChecker:
     """Polls ``/health`` of due replicas; failing ones back off exponentially.
@@ -51,7 +53,14 @@ class HealthChecker:
     async def _run(self) -> None:
         while True:
             await self.check_due()
-            await asyncio.sleep(self._interval_s)
+            await asyncio.sleep(self._until_next_check())
+
+    def _until_next_check(self) -> float:
+        """Seconds until the earliest scheduled check; short enough to notice replicas that
+        requests marked failed meanwhile (their backoff may end before the interval does)."""
+        now = time.monotonic()
+        upcoming = [r.next_check - now for pool in self._pools for r in pool.members()]
+        return max(0.01, min([self._interval_s, _MAX_SLEEP_S, *upcoming]))
 
     async def check_due(self) -> None:
         """Check every replica whose check is due, concurrently."""

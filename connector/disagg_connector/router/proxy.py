@@ -103,6 +103,8 @@ class ProxyService:
                 endpoint, raw, request.headers.get(SESSION_HEADER), self._health.model_ids
             )
             turn = _Turn(parsed, request_id, time.perf_counter())
+            if not self._decode.healthy():
+                raise upstream_error(503, "No healthy decode replica.", "no_decode_replica")
             await self._begin(turn, bearer_token(request.headers.get("authorization")))
             prefilled = await self._run_prefill(turn)
             return await self._run_decode(turn, prefilled)

@@ -1,0 +1,211 @@
+"""Router parts without servers: config rules, selection, backoff, KV params, EndpointSlices."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+from disagg_connector.router.config import ConfigError, DiscoveryKind, RouterConfig
+from disagg_connector.router.conversation import TurnEntry
+from disagg_connector.router.discovery.kubernetes import _SliceState, slice_urls
+from disagg_connector.router.kv_params import prefill_params, routable, strip_from_events
+from disagg_connector.router.replicas import ReplicaPool, Role
+from disagg_connector.router.selection import Affinity, choose_decode, choose_prefill
+from disagg_operator.cli import build_parser
+from kubernetes.client import (
+    DiscoveryV1EndpointPort,
+    V1Endpoint,
+    V1EndpointConditions,
+    V1EndpointSlice,
+    V1ObjectMeta,
+)
+
+URLS = ("http://127.0.0.1:8100",)
+
+
+def pool(role: Role, *urls: str) -> ReplicaPool:
+    replicas = ReplicaPool(role, interval_s=1.0, max_backoff_s=5.0)
+    replicas.set_urls(urls)
+    return replicas
+
+
+def test_conversation_ttl_must_stay_below_decode_ttl_minus_margin() -> None:
+    RouterConfig(URLS, URLS, conversation_ttl_s=474.9, decode_kv_ttl_s=480).validate()
+    with pytest.raises(ConfigError, match=r"--conversation-ttl.*475"):
+        RouterConfig(URLS, URLS, conversation_ttl_s=475, decode_kv_ttl_s=480).validate()
+
+
+@pytest.mark.parametrize(
+    ("config", "flag"),
+    [
+        (RouterConfig((), URLS), "--prefill"),
+        (RouterConfig(URLS, ("10.0.0.1:8200",)), "--decode"),
+        (
+            RouterConfig(discovery=DiscoveryKind.KUBERNETES, prefill_service="p"),
+            "--prefill-service",
+        ),
+        (RouterConfig(URLS, URLS, max_body_bytes=0), "--max-body-bytes"),
+        (RouterConfig(URLS, URLS, health_interval_s=0), "--health-interval"),
+        (RouterConfig(URLS, URLS, log_format="xml"), "--log-format"),
+    ],
+)
+def test_invalid_settings_name_their_flag(config: RouterConfig, flag: str) -> None:
+    with pytest.raises(ConfigError, match=flag):
+        config.validate()
+
+
+def test_cli_builds_a_validated_config_without_importing_the_server_stack() -> None:
+    from disagg_connector.router.options import config_from_args
+
+    args = build_parser().parse_args(
+        ["router", "--prefill", "http://p:8100/", "--decode", "http://d:8200", "--store", "redis"]
+    )
+    config = config_from_args(args)
+    assert config.prefill_urls == ("http://p:8100",) and config.store == "redis"
+    with pytest.raises(ConfigError, match="--decode"):
+        config_from_args(build_parser().parse_args(["router", "--prefill", "http://p:1"]))
+
+
+def test_building_the_cli_imports_no_server_dependency() -> None:
+    probe = (
+        "import sys; from disagg_operator.cli import build_parser; build_parser(); "
+        "print(sorted({m.split('.')[0] for m in sys.modules} & "
+        "{'fastapi', 'uvicorn', 'httpx', 'redis', 'kubernetes', 'prometheus_client'}))"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_prefill_choice_is_least_outstanding_and_skips_unhealthy_and_excluded() -> None:
+    prefill = pool(Role.PREFILL, "http://a", "http://b", "http://c")
+    a, b, c = prefill.members()
+    a.outstanding, b.outstanding, c.outstanding = 3, 1, 2
+    assert choose_prefill(prefill) is b
+    prefill.mark_failed(b)
+    assert choose_prefill(prefill) is c
+    assert choose_prefill(prefill, (c,)) is a
+    prefill.mark_failed(a)
+    prefill.mark_failed(c)
+    assert choose_prefill(prefill) is None
+
+
+def test_prefill_ties_rotate() -> None:
+    prefill = pool(Role.PREFILL, "http://a", "http://b")
+    picked = {choose_prefill(prefill) for _ in range(4)}
+    assert picked == set(prefill.members())
+
+
+def test_decode_affinity_kept_unless_overloaded_unhealthy_or_gone() -> None:
+    decode = pool(Role.DECODE, "http://a", "http://b")
+    a, b = decode.members()
+    assert choose_decode(decode, None, slack=2)[1] is Affinity.NONE
+    assert choose_decode(decode, "http://a", slack=2) == (a, Affinity.KEPT)
+    a.outstanding = 2
+    assert choose_decode(decode, "http://a", slack=2) == (a, Affinity.KEPT)
+    a.outstanding = 3
+    assert choose_decode(decode, "http://a", slack=2) == (b, Affinity.OVERLOADED)
+    a.outstanding = 0
+    decode.mark_failed(a)
+    assert choose_decode(decode, "http://a", slack=2) == (b, Affinity.UNHEALTHY)
+    assert choose_decode(decode, "http://gone", slack=2) == (b, Affinity.GONE)
+
+
+def test_failed_replicas_back_off_exponentially_up_to_the_cap() -> None:
+    prefill = pool(Role.PREFILL, "http://a")
+    (a,) = prefill.members()
+    delays = []
+    for _ in range(5):
+        prefill.mark_failed(a, now=100.0)
+        delays.append(a.next_check - 100.0)
+    assert delays == [1.0, 2.0, 4.0, 5.0, 5.0]
+    assert prefill.due(104.0) == [] and prefill.due(105.0) == [a]
+    prefill.mark_ok(a, now=105.0)
+    assert a.healthy and a.failures == 0
+
+
+def test_membership_changes_keep_state_of_staying_replicas() -> None:
+    decode = pool(Role.DECODE, "http://a", "http://b")
+    a = decode.get("http://a")
+    assert a is not None
+    a.outstanding = 5
+    decode.set_urls(["http://a/", "http://c"])
+    assert decode.get("http://a") is a and a.outstanding == 5
+    assert decode.get("http://b") is None and decode.get("http://c") is not None
+
+
+def test_prefill_params_on_miss_and_on_hit() -> None:
+    miss = prefill_params(None)
+    assert miss["do_remote_decode"] is True and miss["remote_block_ids"] is None
+    decode_params = {
+        "do_remote_prefill": False,
+        "do_remote_decode": True,
+        "remote_block_ids": [[4, 5]],
+        "remote_engine_id": "d",
+        "remote_request_id": "r",
+        "remote_host": "10.0.0.2",
+        "remote_port": 5600,
+        "remote_num_tokens": 40,
+        "verified_digest": "kept-as-is",
+    }
+    hit = prefill_params(TurnEntry(decode_params, "http://d", time.time() + 9, 1))
+    assert hit == {**decode_params, "do_remote_decode": True, "do_remote_prefill": False}
+
+
+@pytest.mark.parametrize("host", [None, "", "0.0.0.0", "localhost", "127.0.0.1", "::"])
+def test_unroutable_side_channel_hosts_become_the_replica_address(host: str | None) -> None:
+    assert routable({"remote_host": host, "x": 1}, "10.1.2.3") == {
+        "remote_host": "10.1.2.3",
+        "x": 1,
+    }
+
+
+def test_routable_keeps_real_hosts_and_rejects_non_dicts() -> None:
+    assert routable({"remote_host": "10.9.9.9"}, "10.1.2.3") == {"remote_host": "10.9.9.9"}
+    assert routable(None, "10.1.2.3") is None
+    assert routable(["x"], "10.1.2.3") is None
+
+
+def test_strip_from_events_removes_and_returns_params() -> None:
+    plain = b'data: {"choices":[{"delta":{"content":"a"}}]}\n\n'
+    final = {"choices": [], "kv_transfer_params": {"remote_engine_id": "d"}}
+    events = plain + b"data: " + json.dumps(final).encode() + b"\n\ndata: [DONE]\n\n"
+    stripped, params = strip_from_events(events)
+    assert params == {"remote_engine_id": "d"}
+    assert b"kv_transfer_params" not in stripped
+    assert stripped.startswith(plain) and stripped.endswith(b"data: [DONE]\n\n")
+    assert strip_from_events(plain) == (plain, None)
+
+
+def endpoint_slice(
+    name: str, port_name: str, *endpoints: tuple[str, bool | None]
+) -> V1EndpointSlice:
+    return V1EndpointSlice(
+        address_type="IPv4",
+        metadata=V1ObjectMeta(name=name),
+        ports=[DiscoveryV1EndpointPort(name=port_name, port=8200)],
+        endpoints=[
+            V1Endpoint(addresses=[ip], conditions=V1EndpointConditions(ready=ready))
+            for ip, ready in endpoints
+        ],
+    )
+
+
+def test_endpoint_slices_yield_ready_endpoints_on_the_named_port() -> None:
+    ready = endpoint_slice("s1", "http", ("10.0.0.1", True), ("10.0.0.2", False), ("fd00::1", None))
+    assert slice_urls(ready, "http") == ["http://10.0.0.1:8200", "http://[fd00::1]:8200"]
+    assert slice_urls(endpoint_slice("s2", "metrics", ("10.0.0.1", True)), "http") == [
+        "http://10.0.0.1:8200"
+    ]
+    state = _SliceState("http")
+    state.reset([ready])
+    state.apply("ADDED", endpoint_slice("s3", "http", ("10.0.0.3", True)))
+    assert state.urls() == [
+        "http://10.0.0.1:8200",
+        "http://10.0.0.3:8200",
+        "http://[fd00::1]:8200",
+    ]
+    state.apply("DELETED", ready)
+    assert state.urls() == ["http://10.0.0.3:8200"]

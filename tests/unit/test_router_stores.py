@@ -1,0 +1,149 @@
+"""Conversation store semantics, on the in-memory store and on a real redis-server."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Iterator
+
+import pytest
+from disagg_connector.router.conversation import (
+    Lookup,
+    TurnEntry,
+    bearer_token,
+    conversation_key,
+)
+from disagg_connector.router.stores import ConversationStore
+from disagg_connector.router.stores.memory_store import MemoryStore
+from disagg_connector.router.stores.redis_store import RedisStore
+from router_harness import redis_server
+
+StoreFactory = Callable[[], ConversationStore]
+
+
+@pytest.fixture(scope="module")
+def redis_url() -> Iterator[str]:
+    with redis_server() as url:
+        yield url
+
+
+@pytest.fixture(params=["memory", "redis"])
+def make_store(request: pytest.FixtureRequest) -> StoreFactory:
+    if request.param == "memory":
+        return lambda: MemoryStore(max_conversations=100)
+    url = request.getfixturevalue("redis_url")
+    prefix = f"test:{request.node.name}:{time.monotonic_ns()}:"
+    return lambda: RedisStore(url, prefix, ttl_s=60)
+
+
+def run(make_store: StoreFactory, scenario: Callable[[ConversationStore], Awaitable[None]]) -> None:
+    async def main() -> None:
+        store = make_store()
+        try:
+            await scenario(store)
+        finally:
+            await store.close()
+
+    asyncio.run(main())
+
+
+def entry(seq: int, decode: str = "http://d0", ttl: float = 60.0) -> TurnEntry:
+    params = {"remote_engine_id": f"e{seq}", "remote_block_ids": [[seq]]}
+    return TurnEntry(params, decode, time.time() + ttl, seq)
+
+
+def test_first_turn_misses_then_next_turn_hits_once(make_store: StoreFactory) -> None:
+    async def scenario(store: ConversationStore) -> None:
+        first = await store.begin_turn("k")
+        assert (first.seq, first.entry, first.lookup) == (1, None, Lookup.MISS)
+        assert await store.commit("k", entry(first.seq))
+        second = await store.begin_turn("k")
+        assert second.lookup is Lookup.HIT and second.entry is not None
+        assert second.entry.kv_transfer_params == entry(1).kv_transfer_params
+        assert (second.entry.seq, second.entry.decode_url) == (1, "http://d0")
+        assert second.previous_decode == "http://d0"
+        third = await store.begin_turn("k")
+        assert third.lookup is Lookup.MISS and third.entry is None
+        assert third.previous_decode == "http://d0"
+
+    run(make_store, scenario)
+
+
+def test_expired_entry_is_reported_and_not_reused(make_store: StoreFactory) -> None:
+    async def scenario(store: ConversationStore) -> None:
+        start = await store.begin_turn("k")
+        assert await store.commit("k", entry(start.seq, ttl=-1))
+        later = await store.begin_turn("k")
+        assert (later.lookup, later.entry) == (Lookup.EXPIRED, None)
+
+    run(make_store, scenario)
+
+
+def test_latest_started_turn_wins_whatever_the_finish_order(make_store: StoreFactory) -> None:
+    async def scenario(store: ConversationStore) -> None:
+        older = await store.begin_turn("k")
+        newer = await store.begin_turn("k")
+        assert newer.seq == older.seq + 1
+        assert await store.commit("k", entry(newer.seq, "http://d1"))
+        assert not await store.commit("k", entry(older.seq, "http://d0"))
+        taken = await store.begin_turn("k")
+        assert taken.entry is not None and taken.entry.seq == newer.seq
+        assert taken.entry.decode_url == "http://d1"
+
+    run(make_store, scenario)
+
+
+def test_restore_only_when_nothing_newer_committed(make_store: StoreFactory) -> None:
+    async def scenario(store: ConversationStore) -> None:
+        await store.commit("k", entry(1))
+        failed = await store.begin_turn("k")
+        assert failed.entry is not None
+        assert await store.restore("k", failed.entry)
+        assert not await store.restore("k", failed.entry), "an entry is already there"
+        again = await store.begin_turn("k")
+        assert again.lookup is Lookup.HIT and again.entry is not None
+        assert await store.commit("k", entry(again.seq, "http://d1"))
+        taken = await store.begin_turn("k")
+        assert not await store.restore("k", again.entry), "a newer turn committed"
+        assert taken.entry is not None and taken.entry.decode_url == "http://d1"
+
+    run(make_store, scenario)
+
+
+def test_conversations_are_independent(make_store: StoreFactory) -> None:
+    async def scenario(store: ConversationStore) -> None:
+        await store.commit("a", entry(1, "http://da"))
+        assert (await store.begin_turn("b")).lookup is Lookup.MISS
+        hit = await store.begin_turn("a")
+        assert hit.entry is not None and hit.entry.decode_url == "http://da"
+
+    run(make_store, scenario)
+
+
+def test_memory_store_is_bounded_least_recently_used_first() -> None:
+    async def scenario() -> None:
+        store = MemoryStore(max_conversations=2)
+        await store.commit("a", entry(1))
+        await store.commit("b", entry(1))
+        await store.begin_turn("a")
+        await store.commit("c", entry(1))
+        assert len(store) == 2
+        assert (await store.begin_turn("b")).lookup is Lookup.MISS, "b was least recently used"
+        assert len(store) == 2
+
+    asyncio.run(scenario())
+
+
+def test_entries_round_trip_through_json() -> None:
+    original = entry(7, "http://10.0.0.5:8200")
+    assert TurnEntry.from_json(original.to_json()) == original
+
+
+def test_conversation_key_is_scoped_by_api_key() -> None:
+    assert conversation_key("c", "key-a", True) != conversation_key("c", "key-b", True)
+    assert conversation_key("c", "key-a", False) == conversation_key("c", "key-b", False)
+    assert conversation_key("c", None, True) == conversation_key("c", None, False)
+    assert conversation_key("c", None, True) != conversation_key("d", None, True)
+    assert bearer_token("Bearer  sk-1 ") == "sk-1"
+    assert bearer_token("Basic abc") is None
+    assert bearer_token(None) is None
