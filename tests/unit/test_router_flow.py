@@ -81,7 +81,7 @@ def test_second_turn_sends_decode_params_to_prefill(
         assert "stream_options" not in body and "conversation_id" not in body
         assert body["kv_transfer_params"]["do_remote_decode"] is True
         assert body["kv_transfer_params"]["do_remote_prefill"] is False
-    first, *later = sorted(prefill_bodies, key=lambda b: len(b["messages"]))
+    first = min(prefill_bodies, key=lambda b: len(b["messages"]))
     assert first["kv_transfer_params"]["remote_block_ids"] is None
     reads = [params for e in rig.prefill for params in e.state.reads]
     assert len(reads) == 2, "turns 2 and 3 read decode's blocks back"
