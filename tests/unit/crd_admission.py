@@ -22,8 +22,9 @@ from disagg_operator.errors import field_path
 Schema = dict[str, Any]
 
 
+@cache
 def root_schema() -> Schema:
-    """The openAPIV3Schema of the generated CRD."""
+    """The openAPIV3Schema of the generated CRD (shared: callers must not modify it)."""
     crd = yaml.safe_load(crd_yaml())
     schema: Schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     return schema
@@ -99,7 +100,9 @@ def admission_errors(obj: dict[str, Any]) -> list[str]:
     """What the API server would refuse in `obj` (after defaulting), as `path: message`."""
     schema = root_schema()
     defaulted = apply_defaults(copy.deepcopy(obj), schema)
-    errors = [*_schema_errors(defaulted, schema), *_unknown_fields(defaulted, schema, [])]
+    # metadata is the API server's ObjectMeta: only name's constraints come from the CRD.
+    body = {key: value for key, value in defaulted.items() if key != "metadata"}
+    errors = [*_schema_errors(defaulted, schema), *_unknown_fields(body, schema, [])]
     if not errors:
         errors = list(cel_failures(defaulted, schema, []))
     return errors

@@ -1,0 +1,581 @@
+"""Rendering: what each spec field does to the child objects, the connector config per role,
+the rollout hash, names and labels, and Kubernetes schema validity of every manifest."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import kubernetes_validate
+import pytest
+from disagg_operator.loading import load_resource, load_spec
+from disagg_operator.models import MAX_NAME_LENGTH
+from disagg_operator.names import CONFIG_HASH_ANNOTATION
+from disagg_operator.render import hash_seed, render
+from dmodel_samples import EXAMPLES, load_example, minimal_spec, spec_with
+
+Manifest = dict[str, Any]
+NAME, NAMESPACE = "demo", "ml"
+KUBERNETES_VERSION = kubernetes_validate.latest_version()
+
+
+def objects(patch: dict[str, Any] | None = None, name: str = NAME) -> dict[str, Manifest]:
+    """Rendered children of the minimal spec (plus `patch`), keyed `Kind/name`."""
+    spec = load_spec(spec_with(patch or {}))
+    return {f"{m['kind']}/{m['metadata']['name']}": m for m in render(name, NAMESPACE, spec)}
+
+
+def statefulset(patch: dict[str, Any] | None, role: str) -> Manifest:
+    return objects(patch)[f"StatefulSet/{NAME}-{role}"]
+
+
+def pod(patch: dict[str, Any] | None, role: str) -> dict[str, Any]:
+    spec: dict[str, Any] = statefulset(patch, role)["spec"]["template"]["spec"]
+    return spec
+
+
+def container(patch: dict[str, Any] | None, role: str) -> dict[str, Any]:
+    main: dict[str, Any] = pod(patch, role)["containers"][0]
+    return main
+
+
+def router_container(patch: dict[str, Any] | None = None) -> dict[str, Any]:
+    deployment = objects(patch)[f"Deployment/{NAME}-router"]
+    main: dict[str, Any] = deployment["spec"]["template"]["spec"]["containers"][0]
+    return main
+
+
+def flag(command: list[str], name: str) -> str:
+    return command[command.index(name) + 1]
+
+
+def env(main: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {var["name"]: var for var in main["env"]}
+
+
+def kv_config(patch: dict[str, Any] | None, role: str) -> dict[str, Any]:
+    config_map = objects(patch)[f"ConfigMap/{NAME}-connector"]
+    config: dict[str, Any] = json.loads(config_map["data"][f"{role}.json"])
+    return config
+
+
+# ---- connector config ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("bidirectional", [True, False])
+def test_kv_transfer_config_per_role(bidirectional: bool) -> None:
+    patch = {"kvTransfer": {"bidirectional": bidirectional}}
+    extra = {
+        "bidirectional_kv_xfer": bidirectional,
+        "decoder_kv_blocks_ttl": 480,
+        "kv_recompute_threshold": 64,
+        "backends": ["LIBFABRIC"],
+    }
+    common = {
+        "kv_connector": "DisaggConnector",
+        "kv_connector_module_path": "disagg_connector.connector",
+        "kv_buffer_device": "cuda",
+        "kv_load_failure_policy": "recompute",
+        "kv_connector_extra_config": extra,
+    }
+    assert kv_config(patch, "prefill") == {**common, "kv_role": "kv_producer"}
+    assert kv_config(patch, "decode") == {**common, "kv_role": "kv_consumer"}
+
+
+def test_kv_transfer_settings_reach_both_roles() -> None:
+    patch = {
+        "efa": {"enabled": False},
+        "kvTransfer": {
+            "decoderKvBlocksTtlSeconds": 900,
+            "recomputeThresholdTokens": 256,
+            "loadFailurePolicy": "fail",
+        },
+    }
+    for role in ("prefill", "decode"):
+        config = kv_config(patch, role)
+        assert config["kv_load_failure_policy"] == "fail"
+        assert config["kv_connector_extra_config"] == {
+            "bidirectional_kv_xfer": True,
+            "decoder_kv_blocks_ttl": 900,
+            "kv_recompute_threshold": 256,
+            "backends": ["UCX"],
+        }
+
+
+def test_kv_transfer_config_has_only_keys_current_vllm_accepts() -> None:
+    accepted = {
+        "kv_connector",
+        "engine_id",
+        "kv_buffer_device",
+        "kv_role",
+        "kv_port",
+        "kv_connector_extra_config",
+        "kv_connector_module_path",
+        "enable_permute_local_kv",
+        "kv_load_failure_policy",
+    }
+    for role in ("prefill", "decode"):
+        assert set(kv_config(None, role)) <= accepted
+
+
+def test_pods_run_the_launcher_with_their_role_config() -> None:
+    for role in ("prefill", "decode"):
+        command = container(None, role)["command"]
+        assert command[:7] == [
+            "disagg",
+            "serve",
+            "--role",
+            role,
+            "--config",
+            f"/etc/disagg/{role}.json",
+            "--",
+        ]
+        mounts = {m["mountPath"]: m["name"] for m in container(None, role)["volumeMounts"]}
+        volumes = {v["name"]: v for v in pod(None, role)["volumes"]}
+        assert volumes[mounts["/etc/disagg"]]["configMap"] == {"name": f"{NAME}-connector"}
+
+
+# ---- rollout hash ----------------------------------------------------------------------
+
+
+def _pod_hash(manifests: dict[str, Manifest], role: str) -> str:
+    sts = manifests[f"StatefulSet/{NAME}-{role}"]
+    value: str = sts["spec"]["template"]["metadata"]["annotations"][CONFIG_HASH_ANNOTATION]
+    return value
+
+
+@pytest.mark.parametrize(
+    "patch",
+    [
+        {"kvTransfer": {"bidirectional": False}},
+        {"kvTransfer": {"decoderKvBlocksTtlSeconds": 600}},
+        {"kvTransfer": {"recomputeThresholdTokens": 128}},
+        {"kvTransfer": {"backend": "UCX"}},
+        {"kvTransfer": {"loadFailurePolicy": "fail"}},
+    ],
+)
+def test_connector_config_change_rolls_prefill_and_decode(patch: dict[str, Any]) -> None:
+    before, after = objects(), objects(patch)
+    for role in ("prefill", "decode"):
+        assert _pod_hash(before, role) != _pod_hash(after, role)
+    assert _pod_hash(after, "prefill") == _pod_hash(after, "decode")
+
+
+@pytest.mark.parametrize(
+    "patch",
+    [
+        {"router": {"replicas": 3}},
+        {"router": {"conversationTtlSeconds": 300, "serviceType": "LoadBalancer", "port": 9000}},
+        {"router": {"image": {"repository": "ghcr.io/acme/router", "tag": "2"}}},
+    ],
+)
+def test_router_only_change_leaves_prefill_and_decode_untouched(patch: dict[str, Any]) -> None:
+    before, after = objects(), objects(patch)
+    for key in (f"StatefulSet/{NAME}-prefill", f"StatefulSet/{NAME}-decode"):
+        assert before[key] == after[key]
+    assert before[f"Deployment/{NAME}-router"] != after[f"Deployment/{NAME}-router"]
+
+
+def test_config_hash_is_published_on_the_config_map() -> None:
+    manifests = objects()
+    config_map = manifests[f"ConfigMap/{NAME}-connector"]
+    assert config_map["metadata"]["annotations"][CONFIG_HASH_ANNOTATION] == _pod_hash(
+        manifests, "prefill"
+    )
+
+
+# ---- model and image --------------------------------------------------------------------
+
+
+def test_model_fields_become_vllm_flags() -> None:
+    patch = {
+        "model": {
+            "name": "zai-org/GLM-5-FP8",
+            "servedName": "glm",
+            "revision": "abc123",
+            "dtype": "float16",
+            "maxModelLen": 8192,
+        }
+    }
+    for role in ("prefill", "decode"):
+        command = container(patch, role)["command"]
+        assert flag(command, "--model") == "zai-org/GLM-5-FP8"
+        assert flag(command, "--served-model-name") == "glm"
+        assert flag(command, "--revision") == "abc123"
+        assert flag(command, "--dtype") == "float16"
+        assert flag(command, "--max-model-len") == "8192"
+        assert flag(command, "--port") == "8000"
+
+
+def test_optional_model_flags_are_left_to_vllm() -> None:
+    command = container(None, "decode")["command"]
+    for name in ("--revision", "--max-model-len", "--max-num-seqs"):
+        assert name not in command
+    assert flag(command, "--served-model-name") == "Qwen/Qwen3-0.6B"
+
+
+@pytest.mark.parametrize(
+    ("cache", "volume"),
+    [
+        (None, {"emptyDir": {}}),
+        (
+            {"pvc": {"claimName": "weights", "readOnly": True}},
+            {"persistentVolumeClaim": {"claimName": "weights", "readOnly": True}},
+        ),
+        (
+            {"hostPath": {"path": "/mnt/models"}},
+            {"hostPath": {"path": "/mnt/models", "type": "DirectoryOrCreate"}},
+        ),
+    ],
+)
+def test_model_cache_volume(cache: dict[str, Any] | None, volume: dict[str, Any]) -> None:
+    patch = {"model": {"cache": cache}} if cache else {}
+    volumes = {v["name"]: v for v in pod(patch, "prefill")["volumes"]}
+    assert volumes["model-cache"] == {"name": "model-cache", **volume}
+
+
+def test_cache_mount_path_is_hf_home() -> None:
+    patch = {"model": {"cache": {"pvc": {"claimName": "c"}, "mountPath": "/cache"}}}
+    main = container(patch, "decode")
+    assert env(main)["HF_HOME"] == {"name": "HF_HOME", "value": "/cache"}
+    assert {"name": "model-cache", "mountPath": "/cache"} in main["volumeMounts"]
+
+
+def test_token_secret_becomes_hf_token() -> None:
+    patch = {"model": {"tokenSecret": {"name": "hf", "key": "tok"}}}
+    assert env(container(patch, "prefill"))["HF_TOKEN"]["valueFrom"] == {
+        "secretKeyRef": {"name": "hf", "key": "tok"}
+    }
+    assert "HF_TOKEN" not in env(container(None, "prefill"))
+
+
+def test_image_fields() -> None:
+    patch = {"image": {"tag": "2.0", "pullPolicy": "Always", "pullSecrets": ["regcred"]}}
+    for main, spec in (
+        (container(patch, "prefill"), pod(patch, "prefill")),
+        (
+            router_container(patch),
+            objects(patch)[f"Deployment/{NAME}-router"]["spec"]["template"]["spec"],
+        ),
+    ):
+        assert main["image"] == "ghcr.io/acme/disagg-vllm:2.0"
+        assert main["imagePullPolicy"] == "Always"
+        assert spec["imagePullSecrets"] == [{"name": "regcred"}]
+
+
+def test_router_image_overrides_serving_image_for_the_router_only() -> None:
+    patch = {"router": {"image": {"repository": "ghcr.io/acme/router", "tag": "3"}}}
+    assert router_container(patch)["image"] == "ghcr.io/acme/router:3"
+    assert container(patch, "decode")["image"] == "ghcr.io/acme/disagg-vllm:1.0"
+
+
+# ---- roles -----------------------------------------------------------------------------
+
+
+def test_role_sizes_are_independent() -> None:
+    patch = {
+        "prefill": {"replicas": 2, "tensorParallelSize": 4, "maxNumSeqs": 16},
+        "decode": {"replicas": 3, "tensorParallelSize": 8, "gpusPerPod": 8},
+    }
+    prefill, decode = statefulset(patch, "prefill"), statefulset(patch, "decode")
+    assert (prefill["spec"]["replicas"], decode["spec"]["replicas"]) == (2, 3)
+    assert flag(container(patch, "prefill")["command"], "--tensor-parallel-size") == "4"
+    assert flag(container(patch, "prefill")["command"], "--max-num-seqs") == "16"
+    assert flag(container(patch, "decode")["command"], "--tensor-parallel-size") == "8"
+    assert container(patch, "prefill")["resources"]["limits"]["nvidia.com/gpu"] == 4
+    assert container(patch, "decode")["resources"]["limits"]["nvidia.com/gpu"] == 8
+
+
+def test_gpus_per_pod_above_tp() -> None:
+    patch = {"prefill": {"tensorParallelSize": 4, "gpusPerPod": 8}}
+    assert container(patch, "prefill")["resources"]["limits"]["nvidia.com/gpu"] == 8
+
+
+def test_prefix_caching_per_role() -> None:
+    patch = {"prefill": {"prefixCaching": False}}
+    assert "--no-enable-prefix-caching" in container(patch, "prefill")["command"]
+    assert "--enable-prefix-caching" in container(patch, "decode")["command"]
+
+
+def test_extra_args_come_last() -> None:
+    patch = {"decode": {"extraArgs": ["--enforce-eager", "--gpu-memory-utilization=0.9"]}}
+    assert container(patch, "decode")["command"][-2:] == [
+        "--enforce-eager",
+        "--gpu-memory-utilization=0.9",
+    ]
+    assert "--enforce-eager" not in container(patch, "prefill")["command"]
+
+
+def test_user_env_is_added_and_replaces_injected_variables() -> None:
+    patch = {
+        "prefill": {
+            "env": [
+                {"name": "HF_HOME", "value": "/elsewhere"},
+                {"name": "API_KEY", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}},
+            ]
+        }
+    }
+    variables = env(container(patch, "prefill"))
+    assert variables["HF_HOME"] == {"name": "HF_HOME", "value": "/elsewhere"}
+    assert variables["API_KEY"]["valueFrom"] == {"secretKeyRef": {"name": "s", "key": "k"}}
+    assert [var["name"] for var in container(patch, "prefill")["env"]].count("HF_HOME") == 1
+
+
+def test_resources_merge_over_defaults() -> None:
+    patch = {"decode": {"resources": {"requests": {"memory": "1Ti"}, "limits": {"memory": "1Ti"}}}}
+    resources = container(patch, "decode")["resources"]
+    assert resources["requests"] == {"cpu": "8", "memory": "1Ti"}
+    assert resources["limits"]["memory"] == "1Ti"
+    assert resources["limits"]["nvidia.com/gpu"] == 1
+
+
+def test_scheduling_fields() -> None:
+    patch = {
+        "prefill": {
+            "nodeSelector": {"node.kubernetes.io/instance-type": "p5en.48xlarge"},
+            "tolerations": [{"key": "dedicated", "value": "llm", "effect": "NoSchedule"}],
+            "podAnnotations": {"team": "ml"},
+            "podLabels": {"cost-center": "42"},
+        }
+    }
+    spec = pod(patch, "prefill")
+    assert spec["nodeSelector"] == {"node.kubernetes.io/instance-type": "p5en.48xlarge"}
+    assert spec["tolerations"][-1] == {
+        "key": "dedicated",
+        "operator": "Equal",
+        "value": "llm",
+        "effect": "NoSchedule",
+    }
+    template = statefulset(patch, "prefill")["spec"]["template"]["metadata"]
+    assert template["annotations"]["team"] == "ml"
+    assert template["labels"]["cost-center"] == "42"
+    assert pod(patch, "decode")["nodeSelector"] == {}
+
+
+def test_gpu_and_efa_tolerations() -> None:
+    keys = [t["key"] for t in pod(None, "decode")["tolerations"]]
+    assert keys == ["nvidia.com/gpu", "vpc.amazonaws.com/efa"]
+    no_efa = [t["key"] for t in pod({"efa": {"enabled": False}}, "decode")["tolerations"]]
+    assert no_efa == ["nvidia.com/gpu"]
+
+
+def test_prefill_and_decode_share_a_zone() -> None:
+    for role in ("prefill", "decode"):
+        (term,) = pod(None, role)["affinity"]["podAffinity"][
+            "requiredDuringSchedulingIgnoredDuringExecution"
+        ]
+        assert term["topologyKey"] == "topology.kubernetes.io/zone"
+        assert term["labelSelector"]["matchLabels"]["app.kubernetes.io/instance"] == NAME
+        (expression,) = term["labelSelector"]["matchExpressions"]
+        assert expression["values"] == ["prefill", "decode"]
+
+
+def test_user_affinity_is_kept_and_own_pod_affinity_wins() -> None:
+    node_affinity = {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": []}}
+    affinity = pod({"decode": {"affinity": {"nodeAffinity": node_affinity}}}, "decode")["affinity"]
+    assert affinity["nodeAffinity"] == node_affinity
+    assert "podAffinity" in affinity
+    own = {"podAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": []}}
+    assert pod({"decode": {"affinity": own}}, "decode")["affinity"] == own
+
+
+# ---- KV transfer and EFA in the pods ------------------------------------------------------
+
+
+def test_side_channel_env_and_ports() -> None:
+    patch = {"kvTransfer": {"sideChannelPort": 5700}}
+    main = container(patch, "decode")
+    variables = env(main)
+    assert variables["VLLM_NIXL_SIDE_CHANNEL_HOST"]["valueFrom"] == {
+        "fieldRef": {"fieldPath": "status.podIP"}
+    }
+    assert variables["VLLM_NIXL_SIDE_CHANNEL_PORT"]["value"] == "5700"
+    assert {"name": "side-channel", "containerPort": 5700} in main["ports"]
+    service = objects(patch)[f"Service/{NAME}-decode"]
+    assert service["spec"]["clusterIP"] == "None"
+    assert {"name": "side-channel", "port": 5700, "targetPort": "side-channel"} in service["spec"][
+        "ports"
+    ]
+
+
+def test_hash_seed_is_shared_by_prefill_and_decode_of_one_model_only() -> None:
+    seeds = {
+        env(container(None, role))["PYTHONHASHSEED"]["value"] for role in ("prefill", "decode")
+    }
+    assert seeds == {str(hash_seed(NAME, NAMESPACE))}
+    assert hash_seed(NAME, NAMESPACE) != hash_seed("other", NAMESPACE)
+    assert 0 <= hash_seed(NAME, NAMESPACE) <= 4294967295
+
+
+def test_efa_enabled_pod_needs() -> None:
+    patch = {"efa": {"devicesPerPod": 8, "hugepages2Mi": "2Gi", "provider": "efa-direct"}}
+    main = container(patch, "prefill")
+    assert main["resources"]["limits"]["vpc.amazonaws.com/efa"] == 8
+    assert main["resources"]["limits"]["hugepages-2Mi"] == "2Gi"
+    assert main["securityContext"] == {"capabilities": {"add": ["IPC_LOCK"]}}
+    assert env(main)["FI_PROVIDER"]["value"] == "efa-direct"
+
+
+def test_efa_disabled_pod_has_none_of_it() -> None:
+    main = container({"efa": {"enabled": False}}, "prefill")
+    assert "vpc.amazonaws.com/efa" not in main["resources"]["limits"]
+    assert "hugepages-2Mi" not in main["resources"]["limits"]
+    assert main["securityContext"] == {}
+    assert "FI_PROVIDER" not in env(main)
+
+
+def test_shared_memory_is_memory_backed() -> None:
+    volumes = {v["name"]: v for v in pod(None, "decode")["volumes"]}
+    assert volumes["dshm"]["emptyDir"] == {"medium": "Memory"}
+    assert {"name": "dshm", "mountPath": "/dev/shm"} in container(None, "decode")["volumeMounts"]
+
+
+def test_health_probes() -> None:
+    main = container(None, "prefill")
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert main[probe]["httpGet"] == {"path": "/health", "port": "http"}
+
+
+# ---- router ------------------------------------------------------------------------------
+
+
+def test_router_command_names_services_and_ttls() -> None:
+    patch = {"kvTransfer": {"decoderKvBlocksTtlSeconds": 600}, "router": {"port": 9000}}
+    command = router_container(patch)["command"]
+    assert command[:2] == ["disagg", "router"]
+    assert flag(command, "--port") == "9000"
+    assert flag(command, "--discovery") == "kubernetes"
+    assert flag(command, "--namespace") == NAMESPACE
+    assert flag(command, "--prefill-service") == f"{NAME}-prefill"
+    assert flag(command, "--decode-service") == f"{NAME}-decode"
+    assert flag(command, "--conversation-ttl") == "570"
+    assert flag(command, "--decode-kv-ttl") == "600"
+    assert (
+        flag(
+            router_container({"router": {"conversationTtlSeconds": 100}})["command"],
+            "--conversation-ttl",
+        )
+        == "100"
+    )
+
+
+def test_router_service_and_replicas() -> None:
+    patch = {"router": {"replicas": 2, "serviceType": "LoadBalancer", "port": 9000}}
+    manifests = objects(patch)
+    assert manifests[f"Deployment/{NAME}-router"]["spec"]["replicas"] == 2
+    service = manifests[f"Service/{NAME}-router"]["spec"]
+    assert service["type"] == "LoadBalancer"
+    assert service["ports"] == [{"name": "http", "port": 9000, "targetPort": "http"}]
+
+
+def test_router_resources_and_rbac() -> None:
+    patch = {"router": {"resources": {"limits": {"memory": "1Gi"}}}}
+    assert router_container(patch)["resources"] == {
+        "requests": {"cpu": "500m", "memory": "512Mi"},
+        "limits": {"memory": "1Gi"},
+    }
+    manifests = objects()
+    (rule,) = manifests[f"Role/{NAME}-router"]["rules"]
+    assert rule == {
+        "apiGroups": ["discovery.k8s.io"],
+        "resources": ["endpointslices"],
+        "verbs": ["get", "list", "watch"],
+    }
+    deployment = manifests[f"Deployment/{NAME}-router"]
+    assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == f"{NAME}-router"
+
+
+# ---- names, labels, validity ---------------------------------------------------------------
+
+
+def test_children_and_order() -> None:
+    assert list(objects()) == [
+        f"ConfigMap/{NAME}-connector",
+        f"Service/{NAME}-prefill",
+        f"StatefulSet/{NAME}-prefill",
+        f"Service/{NAME}-decode",
+        f"StatefulSet/{NAME}-decode",
+        f"ServiceAccount/{NAME}-router",
+        f"Role/{NAME}-router",
+        f"RoleBinding/{NAME}-router",
+        f"Service/{NAME}-router",
+        f"Deployment/{NAME}-router",
+    ]
+
+
+def test_labels_and_selectors_agree() -> None:
+    for manifest in objects().values():
+        meta = manifest["metadata"]
+        assert meta["namespace"] == NAMESPACE
+        assert "ownerReferences" not in meta
+        assert meta["labels"]["app.kubernetes.io/instance"] == NAME
+        assert meta["labels"]["app.kubernetes.io/managed-by"] == "disagg-operator"
+        spec = manifest.get("spec", {})
+        if "template" in spec:
+            selector = spec["selector"]["matchLabels"]
+            assert selector.items() <= spec["template"]["metadata"]["labels"].items()
+        if manifest["kind"] == "Service":
+            component = meta["labels"]["app.kubernetes.io/component"]
+            assert spec["selector"]["app.kubernetes.io/component"] == component
+
+
+def test_longest_name_fits_kubernetes_limits() -> None:
+    name = "a" * MAX_NAME_LENGTH
+    for key, manifest in objects(name=name).items():
+        assert len(manifest["metadata"]["name"]) <= 63, key
+        if manifest["kind"] == "StatefulSet":
+            # `<name>-<10-char hash>` becomes the controller-revision-hash label value.
+            assert len(manifest["metadata"]["name"]) + 11 <= 63
+
+
+def test_render_is_deterministic() -> None:
+    assert objects() == objects()
+
+
+def _validate_all(manifests: list[Manifest]) -> None:
+    for manifest in manifests:
+        kubernetes_validate.validate(manifest, KUBERNETES_VERSION, strict=True)
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda path: path.name)
+def test_example_manifests_validate_against_kubernetes_schema(path: Any) -> None:
+    model = load_resource(load_example(path))
+    manifests = render(model.metadata.name, model.metadata.namespace, model.spec)
+    assert len(manifests) == 10
+    _validate_all(manifests)
+
+
+def test_feature_rich_spec_validates_against_kubernetes_schema() -> None:
+    patch = {
+        "model": {
+            "cache": {"hostPath": {"path": "/data"}},
+            "tokenSecret": {"name": "hf"},
+            "revision": "main",
+        },
+        "image": {"pullSecrets": ["regcred"]},
+        "prefill": {
+            "tolerations": [{"operator": "Exists"}],
+            "env": [{"name": "X", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}],
+            "affinity": {
+                "nodeAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": {
+                        "nodeSelectorTerms": [
+                            {"matchExpressions": [{"key": "k", "operator": "Exists"}]}
+                        ]
+                    }
+                }
+            },
+            "resources": {"requests": {"cpu": 16}},
+        },
+        "efa": {"enabled": False},
+        "router": {"serviceType": "NodePort"},
+    }
+    _validate_all(render(NAME, NAMESPACE, load_spec(spec_with(patch))))
+    _validate_all(render(NAME, NAMESPACE, load_spec(minimal_spec())))
+
+
+def test_validator_catches_a_broken_manifest() -> None:
+    broken = render(NAME, NAMESPACE, load_spec(minimal_spec()))[2]
+    broken["spec"]["replicas"] = "one"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(broken, KUBERNETES_VERSION, strict=True)
