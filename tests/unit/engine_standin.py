@@ -42,6 +42,7 @@ class StandinState:
     side_channel_port: int = 5600
     record: bool = True
     stream_kv: bool = True
+    publish_expiry_s: float | None = None
     delay_s: float = 0.0
     fail_statuses: list[int] = field(default_factory=list)
     received: list[dict[str, Any]] = field(default_factory=list)
@@ -71,7 +72,11 @@ def _blocks(tokens: int, first: int) -> list[list[int]]:
 
 def _kv_params(state: StandinState, request_id: str, tokens: int) -> dict[str, Any]:
     decode = state.role == "decode"
+    published = {}
+    if decode and state.publish_expiry_s is not None:
+        published["disagg_expires_at"] = time.time() + state.publish_expiry_s
     return {
+        **published,
         "do_remote_prefill": not decode,
         "do_remote_decode": decode,
         "remote_block_ids": _blocks(tokens, 100 if decode else 1),
@@ -107,12 +112,15 @@ def build_app(state: StandinState) -> Starlette:
         if body.get("model", MODEL) != MODEL:
             error = {"message": "model not found", "type": "NotFoundError", "code": 404}
             return JSONResponse({"error": error}, status_code=404)
+        max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
+        if max_tokens is not None and not (isinstance(max_tokens, int) and 0 < max_tokens <= 4096):
+            error = {"message": "max_tokens out of range", "type": "BadRequestError", "code": 400}
+            return JSONResponse({"error": error}, status_code=400)
         chat = request.url.path.endswith("/chat/completions")
         request_id = f"{state.name}-{next(state.counter)}"
         prompt_tokens = count_prompt_tokens(body)
         if state.role == "prefill":
             return JSONResponse(_prefill(state, body, chat, request_id, prompt_tokens))
-        max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
         words = answer_words(body, max_tokens or DEFAULT_MAX_TOKENS)
         kv = _kv_params(state, request_id, prompt_tokens + len(words))
         if body.get("stream"):
@@ -140,7 +148,11 @@ def _usage(prompt_tokens: int, completion_tokens: int, cached: int = 0) -> dict[
 
 def _choice(chat: bool, text: str, finish: str | None) -> dict[str, Any]:
     if chat:
-        return {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}
+        return {
+            "index": 0,
+            "message": {"role": "assistant", "content": text},
+            "finish_reason": finish,
+        }
     return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
 
 

@@ -36,6 +36,7 @@ class ServerThread:
     """One ASGI app served by uvicorn on a background thread."""
 
     def __init__(self, app: Any, port: int = 0) -> None:
+        self.app = app
         self._sock = bind_loopback(port)
         self.port: int = self._sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
@@ -54,6 +55,10 @@ class ServerThread:
                 raise RuntimeError(f"server on port {self.port} did not start")
             time.sleep(0.01)
         return self
+
+    def app_state(self) -> Any:
+        """The served app's ``state`` (the router's pools, store and metrics)."""
+        return self.app.state
 
     def stop(self) -> None:
         """Shut down (connections refused afterwards) and wait for the thread."""

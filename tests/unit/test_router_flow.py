@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -185,3 +186,26 @@ def test_streams_answer_like_non_streams(client: httpx.Client) -> None:
     _, plain = chat(client, messages)
     _, streamed = chat(client, messages, stream=True)
     assert plain == streamed and plain
+
+
+def test_turn_after_the_conversation_ttl_is_a_clean_miss() -> None:
+    with (
+        router_rig(conversation_ttl_s=0.3) as rig,
+        httpx.Client(base_url=rig.routers[0].url, timeout=10) as client,
+    ):
+        messages = [{"role": "user", "content": "hello"}]
+        chat(client, messages, conversation_id="slow")
+        time.sleep(0.5)
+        chat(client, messages, conversation_id="slow")
+        assert metric(client, "disagg_router_conversation_lookups_total", result="expired") == 1
+        assert [r for e in rig.prefill for r in e.state.reads] == []
+
+
+def test_decode_published_expiry_shortens_the_entry(rig: RouterRig, client: httpx.Client) -> None:
+    for engine in rig.decode:
+        engine.state.publish_expiry_s = 5.3
+    messages = [{"role": "user", "content": "hello"}]
+    chat(client, messages, conversation_id="short")
+    time.sleep(0.5)
+    chat(client, messages, conversation_id="short")
+    assert metric(client, "disagg_router_conversation_lookups_total", result="expired") == 1

@@ -14,7 +14,7 @@ from starlette.responses import Response
 from disagg_connector.router import routes
 from disagg_connector.router.config import RouterConfig
 from disagg_connector.router.discovery import build_discovery
-from disagg_connector.router.errors import REQUEST_ID_HEADER, RouterError, error_response
+from disagg_connector.router.errors import RouterError, error_response, request_id_of
 from disagg_connector.router.health import HealthChecker
 from disagg_connector.router.metrics import RouterMetrics
 from disagg_connector.router.proxy import ProxyService
@@ -68,4 +68,4 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     status = exc.status_code if isinstance(exc, HTTPException) else 500
     detail = exc.detail if isinstance(exc, HTTPException) else "Internal router error."
     error = RouterError(status, f"{detail}: {request.method} {request.url.path}")
-    return error_response(error, request.headers.get(REQUEST_ID_HEADER, ""))
+    return error_response(error, request_id_of(request.headers))

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import uuid
 from typing import Any
 
+from starlette.datastructures import Headers
 from starlette.responses import Response
 
 REQUEST_ID_HEADER = "X-Request-Id"
+_MAX_REQUEST_ID_CHARS = 128
 
 
 class RouterError(Exception):
@@ -97,3 +100,11 @@ def error_response(error: RouterError, request_id: str) -> Response:
         media_type="application/json",
         headers={REQUEST_ID_HEADER: request_id},
     )
+
+
+def request_id_of(headers: Headers) -> str:
+    """The client's ``X-Request-Id`` when it is sane, else a fresh one."""
+    given = headers.get(REQUEST_ID_HEADER)
+    if given and len(given) <= _MAX_REQUEST_ID_CHARS and given.isprintable():
+        return given
+    return uuid.uuid4().hex

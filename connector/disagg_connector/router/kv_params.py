@@ -13,6 +13,8 @@ from typing import Any
 from disagg_connector.router.conversation import TurnEntry
 
 KV_PARAMS = "kv_transfer_params"
+DECODE_EXPIRY_KEY = "disagg_expires_at"
+"""Unix time at which decode frees the retained blocks, published by ``DisaggConnector``."""
 _KV_MARKER = b'"kv_transfer_params"'
 _UNROUTABLE_HOSTS = frozenset({"", "0.0.0.0", "::", "localhost", "127.0.0.1", "::1"})
 

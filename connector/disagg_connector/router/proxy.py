@@ -5,18 +5,16 @@ from __future__ import annotations
 import json
 import logging
 import time
-import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 from starlette.background import BackgroundTask
-from starlette.datastructures import Headers
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from disagg_connector.router.config import RouterConfig
+from disagg_connector.router.config import DECODE_EXPIRY_MARGIN_S, RouterConfig
 from disagg_connector.router.conversation import (
     SESSION_HEADER,
     Lookup,
@@ -32,10 +30,17 @@ from disagg_connector.router.errors import (
     engine_message,
     error_body,
     error_response,
+    request_id_of,
     upstream_error,
 )
 from disagg_connector.router.health import HealthChecker
-from disagg_connector.router.kv_params import KV_PARAMS, prefill_params, routable, strip_from_events
+from disagg_connector.router.kv_params import (
+    DECODE_EXPIRY_KEY,
+    KV_PARAMS,
+    prefill_params,
+    routable,
+    strip_from_events,
+)
 from disagg_connector.router.metrics import RouterMetrics
 from disagg_connector.router.openai_request import ClientRequest, Endpoint, parse_request, read_body
 from disagg_connector.router.replicas import Replica, ReplicaPool
@@ -45,7 +50,6 @@ from disagg_connector.router.stores import ConversationStore
 log = logging.getLogger("disagg.router")
 
 _PREFILL_DROPPED = ("max_completion_tokens", "min_tokens", "stream_options")
-_MAX_REQUEST_ID_CHARS = 128
 
 
 def _dumps(data: object) -> bytes:
@@ -95,7 +99,7 @@ class ProxyService:
 
     async def handle(self, endpoint: Endpoint, request: Request) -> Response:
         """Serve one generation request end to end; never raises."""
-        request_id = _request_id(request.headers)
+        request_id = request_id_of(request.headers)
         turn: _Turn | None = None
         try:
             raw = await read_body(request, self._config.max_body_bytes)
@@ -311,6 +315,9 @@ class ProxyService:
         if turn.key is None or turn.start is None or kv is None:
             return
         expires_at = time.time() + self._config.conversation_ttl_s
+        published = kv.get(DECODE_EXPIRY_KEY)
+        if isinstance(published, int | float) and not isinstance(published, bool):
+            expires_at = min(expires_at, published - DECODE_EXPIRY_MARGIN_S)
         entry = TurnEntry(kv, replica.url, expires_at, turn.start.seq)
         try:
             await self._store.commit(turn.key, entry)
@@ -413,10 +420,3 @@ def _json_object(content: bytes) -> dict[str, Any] | None:
     except (ValueError, RecursionError):
         return None
     return data if isinstance(data, dict) else None
-
-
-def _request_id(headers: Headers) -> str:
-    given = headers.get(REQUEST_ID_HEADER)
-    if given and len(given) <= _MAX_REQUEST_ID_CHARS and given.isprintable():
-        return given
-    return uuid.uuid4().hex

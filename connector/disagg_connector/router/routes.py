@@ -10,7 +10,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.requests import Request
 from starlette.responses import Response
 
-from disagg_connector.router.errors import REQUEST_ID_HEADER, RouterError, error_response
+from disagg_connector.router.errors import RouterError, error_response, request_id_of
 from disagg_connector.router.openai_request import Endpoint
 
 router = APIRouter()
@@ -44,7 +44,7 @@ async def models(request: Request) -> Response:
         error = RouterError(
             503, "No decode replica listed its models yet.", error_type="service_unavailable"
         )
-        return error_response(error, request.headers.get(REQUEST_ID_HEADER, ""))
+        return error_response(error, request_id_of(request.headers))
     return _json({"object": "list", "data": health.models})
 
 
