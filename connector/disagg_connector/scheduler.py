@@ -36,7 +36,8 @@ if TYPE_CHECKING:
     from vllm.v1.outputs import KVConnectorOutput
     from vllm.v1.request import Request
 
-logger = init_logger(__name__)
+# Under vLLM's logger tree, so the lines go through vLLM's handlers and format.
+logger = init_logger(f"vllm.{__name__}")
 
 _VERIFIED_FLAG = "_disagg_verified"
 

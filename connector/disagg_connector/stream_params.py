@@ -10,9 +10,10 @@ is buffered before that point, so streaming latency is unchanged. No vLLM file i
 from __future__ import annotations
 
 import functools
+import importlib
 import inspect
 import json
-import sys
+import multiprocessing
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -118,13 +119,16 @@ def needs_stream_params(vllm_version: str) -> bool:
 
 
 def register() -> None:
-    """Entry point of the ``vllm.general_plugins`` group; patches only the API server process."""
+    """Entry point of the ``vllm.general_plugins`` group; patches only the frontend process.
+
+    vLLM loads general plugins in every process; engine cores and workers run in child
+    processes, and only the main (API server) process serves HTTP.
+    """
     version = installed_vllm_version()
     if version is None or not needs_stream_params(version):
         return
-    if "vllm.entrypoints.openai.api_server" not in sys.modules:
+    if multiprocessing.current_process().name != "MainProcess":
         return
-    import importlib
 
     for module_name, class_name, method_name in _TARGETS:
         owner = getattr(importlib.import_module(module_name), class_name)

