@@ -27,6 +27,9 @@ SHORT_NAME = "dmodel"
 MAX_NAME_LENGTH = 63 - len("-0123456789") - len("-prefill")
 NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 
+MODEL_MOUNT_PATH = "/models"
+"""Where the model cache is mounted (HF_HOME) unless `model.cache.mountPath` says otherwise."""
+
 VLLM_PORT = 8000
 """Port every vLLM server listens on inside its pod."""
 
@@ -152,7 +155,7 @@ class ModelCacheSpec(ApiModel):
     pvc: PvcSource | None = Field(None, description="Cache on a PersistentVolumeClaim.")
     host_path: HostPathSource | None = Field(None, description="Cache on a node directory.")
     mount_path: AbsolutePath = Field(
-        "/models", description="Mount path in the serving containers; exported as HF_HOME."
+        MODEL_MOUNT_PATH, description="Mount path in the serving containers; exported as HF_HOME."
     )
 
 

@@ -32,13 +32,17 @@ def child_name(name: str, component: Component) -> str:
     return child
 
 
+COMPONENT_LABEL = f"{LABEL_PREFIX}component"
+
+
+def instance_labels(name: str) -> dict[str, str]:
+    """The labels every object of one DisaggregatedModel shares."""
+    return {f"{LABEL_PREFIX}name": APP_NAME, f"{LABEL_PREFIX}instance": name}
+
+
 def selector_labels(name: str, component: Component) -> dict[str, str]:
     """The labels that select one component's pods."""
-    return {
-        f"{LABEL_PREFIX}name": APP_NAME,
-        f"{LABEL_PREFIX}instance": name,
-        f"{LABEL_PREFIX}component": str(component),
-    }
+    return {**instance_labels(name), COMPONENT_LABEL: str(component)}
 
 
 def labels(name: str, component: Component) -> dict[str, str]:

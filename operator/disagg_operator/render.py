@@ -15,13 +15,26 @@ from typing import Any
 import jinja2
 import yaml
 
-from disagg_operator.connector_config import config_file, config_hash, config_map_data
-from disagg_operator.models import VLLM_PORT, DisaggregatedModelSpec, ResourceOverrides, RoleSpec
+from disagg_operator.connector_config import (
+    CONFIG_DIR,
+    config_file,
+    config_hash,
+    config_map_data,
+)
+from disagg_operator.models import (
+    MODEL_MOUNT_PATH,
+    VLLM_PORT,
+    DisaggregatedModelSpec,
+    ResourceOverrides,
+    RoleSpec,
+)
 from disagg_operator.names import (
+    COMPONENT_LABEL,
     CONFIG_HASH_ANNOTATION,
     ROLES,
     Component,
     child_name,
+    instance_labels,
     labels,
     selector_labels,
 )
@@ -136,7 +149,7 @@ def _engine_env(
 
 
 def _cache_mount_path(spec: DisaggregatedModelSpec) -> str:
-    return spec.model.cache.mount_path if spec.model.cache is not None else "/models"
+    return spec.model.cache.mount_path if spec.model.cache is not None else MODEL_MOUNT_PATH
 
 
 def _cache_volume(spec: DisaggregatedModelSpec) -> dict[str, Any]:
@@ -167,26 +180,15 @@ def _affinity(name: str, role: RoleSpec) -> dict[str, Any]:
     """The user's affinity, plus (unless it has podAffinity) prefill and decode in one zone."""
     affinity = copy.deepcopy(role.affinity) if role.affinity is not None else {}
     if "podAffinity" not in affinity:
-        instance = selector_labels(name, Component.PREFILL)
+        same_model = {
+            "matchLabels": instance_labels(name),
+            "matchExpressions": [
+                {"key": COMPONENT_LABEL, "operator": "In", "values": [str(r) for r in ROLES]}
+            ],
+        }
         affinity["podAffinity"] = {
             "requiredDuringSchedulingIgnoredDuringExecution": [
-                {
-                    "labelSelector": {
-                        "matchLabels": {
-                            key: value
-                            for key, value in instance.items()
-                            if not key.endswith("/component")
-                        },
-                        "matchExpressions": [
-                            {
-                                "key": "app.kubernetes.io/component",
-                                "operator": "In",
-                                "values": [str(r) for r in ROLES],
-                            }
-                        ],
-                    },
-                    "topologyKey": ZONE_TOPOLOGY_KEY,
-                }
+                {"labelSelector": same_model, "topologyKey": ZONE_TOPOLOGY_KEY}
             ]
         }
     return affinity
@@ -219,7 +221,7 @@ def _engine(
         {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory"}},
     ]
     mounts = [
-        {"name": CONNECTOR_VOLUME, "mountPath": config_file(component).rsplit("/", 1)[0]},
+        {"name": CONNECTOR_VOLUME, "mountPath": CONFIG_DIR, "readOnly": True},
         {"name": CACHE_VOLUME, "mountPath": _cache_mount_path(spec)},
         {"name": SHM_VOLUME, "mountPath": "/dev/shm"},
     ]
