@@ -16,7 +16,6 @@ from disagg_operator.base import ApiModel, CrossFieldRule
 
 GROUP = "disagg.dev"
 VERSION = "v1alpha1"
-API_VERSION = f"{GROUP}/{VERSION}"
 KIND = "DisaggregatedModel"
 PLURAL = "disaggregatedmodels"
 SINGULAR = "disaggregatedmodel"

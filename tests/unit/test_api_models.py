@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from disagg_operator.errors import SpecError
 from disagg_operator.loading import load_resource, load_spec
-from disagg_operator.models import MAX_NAME_LENGTH, DisaggregatedModelSpec
+from disagg_operator.models import GROUP, KIND, MAX_NAME_LENGTH, VERSION, DisaggregatedModelSpec
 from dmodel_samples import INVALID_SPECS, InvalidSpec, minimal_spec, resource, spec_with
 
 
@@ -126,6 +126,8 @@ def test_longest_name_is_accepted() -> None:
 
 
 def test_resource_checks_api_version_and_kind() -> None:
+    model = load_resource(resource(minimal_spec()))
+    assert (model.api_version, model.kind) == (f"{GROUP}/{VERSION}", KIND)
     obj = resource(minimal_spec())
     obj["apiVersion"] = "disagg.dev/v1"
     obj["kind"] = "Model"
