@@ -44,6 +44,7 @@ class StandinState:
     stream_kv: bool = True
     publish_expiry_s: float | None = None
     delay_s: float = 0.0
+    token_delay_s: float = 0.0
     fail_statuses: list[int] = field(default_factory=list)
     received: list[dict[str, Any]] = field(default_factory=list)
     reads: list[dict[str, Any]] = field(default_factory=list)
@@ -218,6 +219,8 @@ async def _stream(
     if chat:
         yield event([piece("", None, role=True)])
     for index, word in enumerate(words):
+        if state.token_delay_s:
+            await asyncio.sleep(state.token_delay_s)
         last = index == len(words) - 1
         text = word if index == 0 else " " + word
         extra = {"kv_transfer_params": kv} if last and state.stream_kv else {}

@@ -143,7 +143,7 @@ def metric(client: httpx.Client, name: str, **labels: str) -> float:
     text = client.get("/metrics").text
     wanted = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
     for line in text.splitlines():
-        match = re.fullmatch(r"([a-zA-Z_:]+)(?:\{(.*)\})? (\S+)", line)
+        match = re.fullmatch(r"([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)", line)
         if not match or match.group(1) != name:
             continue
         found = ",".join(sorted((match.group(2) or "").split(","))) if match.group(2) else ""

@@ -221,3 +221,29 @@ def test_concurrent_turns_of_one_conversation_reuse_the_kv_once(
         engine.state.delay_s = 0
     assert turn(client).status_code == 200
     assert lookups(client, "hit") == 2, "exactly one of the concurrent turns' entries was kept"
+
+
+def test_client_leaving_mid_stream_releases_the_decode_call(
+    rig: RouterRig, client: httpx.Client
+) -> None:
+    assert turn(client).status_code == 200
+    for engine in rig.decode:
+        engine.state.token_delay_s = 0.2
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "long answer"}],
+        "conversation_id": "c",
+        "stream": True,
+        "max_tokens": 50,
+    }
+    with client.stream("POST", "/v1/chat/completions", json=body) as response:
+        assert response.status_code == 200
+        next(response.iter_bytes())
+    state = rig.routers[0].app_state()
+    wait_until(lambda: all(r.outstanding == 0 for r in state.decode.members()))
+    labels = {"endpoint": "/v1/chat/completions", "outcome": "cancelled"}
+    wait_until(lambda: metric(client, "disagg_router_requests_total", **labels) == 1)
+    for engine in rig.decode:
+        engine.state.token_delay_s = 0
+    assert turn(client).status_code == 200
+    assert lookups(client, "miss") == 2, "an unfinished turn stores nothing"

@@ -61,7 +61,11 @@ class RouterConfig:
 
     def validate(self) -> RouterConfig:
         """Check cross-field rules and return self; raise ``ConfigError`` naming the field."""
-        if self.discovery is DiscoveryKind.STATIC:
+        if self.store not in set(StoreKind):
+            raise ConfigError(f"--store: {self.store!r} is not one of memory, redis")
+        if self.discovery not in set(DiscoveryKind):
+            raise ConfigError(f"--discovery: {self.discovery!r} is not one of static, kubernetes")
+        if self.discovery == DiscoveryKind.STATIC:
             if not self.prefill_urls:
                 raise ConfigError("--prefill: give at least one prefill URL (http://host:port)")
             if not self.decode_urls:

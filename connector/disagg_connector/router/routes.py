@@ -50,7 +50,11 @@ async def models(request: Request) -> Response:
 
 @router.get("/health")
 async def health(request: Request) -> Response:
-    """200 when at least one prefill and one decode replica are healthy and the store answers."""
+    """200 when at least one prefill and one decode replica are healthy.
+
+    An unreachable conversation store only degrades the router (turns run without reuse),
+    so it is reported but does not take the router out of its Service.
+    """
     state = request.app.state
     body: dict[str, Any] = {
         "prefill_healthy": len(state.prefill.healthy()),
@@ -61,8 +65,9 @@ async def health(request: Request) -> Response:
         await state.store.check()
     except Exception as exc:
         body["store"] = f"unreachable: {exc}"
-    ready = body["prefill_healthy"] > 0 and body["decode_healthy"] > 0 and body["store"] == "ok"
-    body["status"] = "ok" if ready else "unavailable"
+    ready = body["prefill_healthy"] > 0 and body["decode_healthy"] > 0
+    status = "ok" if body["store"] == "ok" else "degraded"
+    body["status"] = status if ready else "unavailable"
     return _json(body, 200 if ready else 503)
 
 

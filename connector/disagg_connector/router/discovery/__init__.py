@@ -22,7 +22,7 @@ class Discovery(Protocol):
 
 def build_discovery(config: RouterConfig, prefill: ReplicaPool, decode: ReplicaPool) -> Discovery:
     """Instantiate the discovery ``config`` names (lazy import of the Kubernetes client)."""
-    if config.discovery is DiscoveryKind.KUBERNETES:
+    if config.discovery == DiscoveryKind.KUBERNETES:
         from disagg_connector.router.discovery.kubernetes import EndpointSliceDiscovery
 
         return EndpointSliceDiscovery(

@@ -46,7 +46,7 @@ class ConversationStore(Protocol):
 
 def build_store(config: RouterConfig) -> ConversationStore:
     """Instantiate the store ``config`` names (lazy import of the Redis client)."""
-    if config.store is StoreKind.REDIS:
+    if config.store == StoreKind.REDIS:
         from disagg_connector.router.stores.redis_store import RedisStore
 
         return RedisStore(config.redis_url, config.redis_prefix, config.conversation_ttl_s)
