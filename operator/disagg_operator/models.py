@@ -347,7 +347,7 @@ class KvTransferSpec(ApiModel):
         CrossFieldRule(
             field="sideChannelPort",
             message=f"must differ from the vLLM port {VLLM_PORT}",
-            cel=f"self.sideChannelPort != {VLLM_PORT}",
+            cel=f"!has(self.sideChannelPort) || self.sideChannelPort != {VLLM_PORT}",
             check=lambda m: m.side_channel_port != VLLM_PORT,
         ),
     )

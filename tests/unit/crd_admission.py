@@ -83,7 +83,10 @@ def _program(rule: str) -> celpy.Runner:
 def cel_failures(obj: Any, schema: Schema, loc: list[int | str]) -> Iterator[str]:
     """`path: message` for every CEL rule that does not hold on `obj` or below it."""
     for rule in schema.get("x-kubernetes-validations", []):
-        result = _program(rule["rule"]).evaluate({"self": celpy.json_to_cel(obj)})
+        try:
+            result = _program(rule["rule"]).evaluate({"self": celpy.json_to_cel(obj)})
+        except celpy.CELEvalError:  # e.g. "no such key": the API server refuses those too
+            result = None
         if not (isinstance(result, celpy.celtypes.BoolType) and bool(result)):
             path = field_path([*loc, *rule.get("fieldPath", "").lstrip(".").split(".")])
             yield f"{path}: {rule['message']}"

@@ -131,6 +131,16 @@ def test_every_cel_rule_compiles() -> None:
             env.compile(rule["rule"])
 
 
+def test_defaults_pass_their_own_rules() -> None:
+    """The API server checks each `default` as written (nested defaults not applied)."""
+    checked = 0
+    for path, node in _nodes(root_schema()):
+        if "default" in node and node.get("x-kubernetes-validations"):
+            assert list(cel_failures(node["default"], node, [path])) == [], path
+            checked += 1
+    assert checked >= 3
+
+
 def test_crd_defaults_match_model_defaults() -> None:
     schema = root_schema()["properties"]["spec"]
     defaulted = apply_defaults(copy.deepcopy(minimal_spec()), schema)
