@@ -1,0 +1,101 @@
+"""The models and the CRD (schema + CEL) accept exactly the same specs.
+
+Hypothesis draws specs around every rule's boundary; a spec the models accept must pass the
+emulated API-server admission and vice versa, so `disagg render` and `kubectl apply` never
+disagree about what is valid.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from crd_admission import admission_errors
+from disagg_operator.errors import SpecError
+from disagg_operator.loading import load_spec
+from dmodel_samples import resource, spec_with
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+
+def _role() -> st.SearchStrategy[dict[str, Any]]:
+    return st.fixed_dictionaries(
+        {},
+        optional={
+            "tensorParallelSize": st.sampled_from([0, 1, 4, 8]),
+            "gpusPerPod": st.sampled_from([1, 4, 8, 9]),
+            "replicas": st.sampled_from([-1, 0, 2]),
+            "extraArgs": st.lists(
+                st.sampled_from(["--enforce-eager", "-tp", "--port=9", "--portal", "--dtype"]),
+                max_size=2,
+            ),
+            "env": st.lists(
+                st.fixed_dictionaries(
+                    {"name": st.sampled_from(["A", "PYTHONHASHSEED", "HF_HOME", "1BAD"])},
+                    optional={
+                        "value": st.just("v"),
+                        "valueFrom": st.just({"fieldRef": {"fieldPath": "status.podIP"}}),
+                    },
+                ),
+                max_size=2,
+            ),
+            "podLabels": st.dictionaries(
+                st.sampled_from(["team", "app.kubernetes.io/name"]), st.just("x"), max_size=2
+            ),
+        },
+    )
+
+
+SPEC_PATCHES = st.fixed_dictionaries(
+    {},
+    optional={
+        "model": st.fixed_dictionaries(
+            {},
+            optional={
+                "maxModelLen": st.sampled_from([8, 16, 64, 65, 1024]),
+                "cache": st.fixed_dictionaries(
+                    {},
+                    optional={
+                        "pvc": st.just({"claimName": "c"}),
+                        "hostPath": st.sampled_from([{"path": "/d"}, {"path": "d"}]),
+                    },
+                ),
+            },
+        ),
+        "prefill": _role(),
+        "decode": _role(),
+        "kvTransfer": st.fixed_dictionaries(
+            {},
+            optional={
+                "bidirectional": st.booleans(),
+                "decoderKvBlocksTtlSeconds": st.sampled_from([59, 60, 100, 480]),
+                "recomputeThresholdTokens": st.sampled_from([0, 1, 64, 65, 1024]),
+                "backend": st.sampled_from(["LIBFABRIC", "UCX", "TCP"]),
+                "sideChannelPort": st.sampled_from([5600, 8000, 0]),
+            },
+        ),
+        "router": st.fixed_dictionaries(
+            {},
+            optional={"conversationTtlSeconds": st.sampled_from([0, 1, 54, 55, 94, 95, 474, 475])},
+        ),
+        "efa": st.fixed_dictionaries({}, optional={"enabled": st.booleans()}),
+    },
+)
+
+
+def _model_accepts(spec: dict[str, Any]) -> bool:
+    try:
+        load_spec(spec)
+    except SpecError:
+        return False
+    return True
+
+
+# cel-python's parser raises the recursion limit on first use, which hypothesis reports.
+@pytest.mark.filterwarnings("ignore:The recursion limit will not be reset")
+@settings(max_examples=300, deadline=None)
+@given(SPEC_PATCHES)
+def test_models_and_crd_accept_the_same_specs(patch: dict[str, Any]) -> None:
+    spec = spec_with(patch)
+    errors = admission_errors(resource(spec))
+    assert _model_accepts(spec) == (errors == []), errors
