@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import re
 from enum import StrEnum
+
+from disagg_operator.errors import SpecError
+from disagg_operator.models import MAX_NAME_LENGTH, NAME_PATTERN, RESERVED_LABEL_PREFIX
 
 APP_NAME = "disagg"
 MANAGED_BY = "disagg-operator"
-LABEL_PREFIX = "app.kubernetes.io/"
+LABEL_PREFIX = RESERVED_LABEL_PREFIX
 CONFIG_HASH_ANNOTATION = "disagg.dev/connector-config-hash"
-MAX_DNS_LABEL = 63
 
 
 class Component(StrEnum):
@@ -25,11 +28,15 @@ ROLES = (Component.PREFILL, Component.DECODE)
 
 
 def child_name(name: str, component: Component) -> str:
-    """`<name>-<component>`, refused when it would not fit a DNS label."""
-    child = f"{name}-{component}"
-    if len(child) > MAX_DNS_LABEL:
-        raise ValueError(f"metadata.name: {name!r} is too long for the child name {child!r}")
-    return child
+    """`<name>-<component>`; `name` must pass the CRD's metadata.name rule."""
+    if len(name) > MAX_NAME_LENGTH or not re.fullmatch(NAME_PATTERN, name):
+        raise SpecError(
+            [
+                f"metadata.name: {name!r} must be a DNS-1035 label of at most "
+                f"{MAX_NAME_LENGTH} characters (children add suffixes such as -prefill)"
+            ]
+        )
+    return f"{name}-{component}"
 
 
 COMPONENT_LABEL = f"{LABEL_PREFIX}component"

@@ -8,6 +8,7 @@ from typing import Any
 
 import kubernetes_validate
 import pytest
+from disagg_operator.errors import SpecError
 from disagg_operator.loading import load_resource, load_spec
 from disagg_operator.models import MAX_NAME_LENGTH
 from disagg_operator.names import CONFIG_HASH_ANNOTATION
@@ -526,6 +527,12 @@ def test_longest_name_fits_kubernetes_limits() -> None:
         if manifest["kind"] == "StatefulSet":
             # `<name>-<10-char hash>` becomes the controller-revision-hash label value.
             assert len(manifest["metadata"]["name"]) + 11 <= 63
+
+
+@pytest.mark.parametrize("name", ["a" * (MAX_NAME_LENGTH + 1), "Upper", "-x"])
+def test_render_refuses_names_the_crd_refuses(name: str) -> None:
+    with pytest.raises(SpecError, match=r"^metadata\.name: "):
+        render(name, NAMESPACE, load_spec(minimal_spec()))
 
 
 def test_render_is_deterministic() -> None:
