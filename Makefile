@@ -32,7 +32,25 @@ crds: venv
 test-unit: venv
 	$(BIN)/pytest tests/unit
 
-test: lint test-unit
+test: lint test-unit test-cluster
+
+## ---- Cluster -----------------------------------------------------------------
+# A real control plane (kube-apiserver, controller-manager, scheduler, etcd) built from pinned
+# Go modules into $(CACHE)/k8s-<version>/bin and run by kwokctl with fake EKS p5en GPU nodes.
+# The first build takes ~10 min on 2 cores; later runs reuse the cache (see tests/cluster/).
+.PHONY: cluster-bin cluster-up cluster-down test-cluster
+
+cluster-bin:
+	bash tests/cluster/build.sh
+
+cluster-up: cluster-bin
+	bash tests/cluster/cluster-up.sh
+
+cluster-down:
+	bash tests/cluster/cluster-down.sh
+
+test-cluster: venv cluster-bin
+	$(BIN)/pytest tests/cluster
 
 ## ---- Demo ------------------------------------------------------------------
 demo: venv
