@@ -62,7 +62,15 @@ class ServerThread:
 
     def stop(self) -> None:
         """Shut down (connections refused afterwards) and wait for the thread."""
+        self.request_stop()
+        self.join()
+
+    def request_stop(self) -> None:
+        """Ask the server to shut down without waiting."""
         self._server.should_exit = True
+
+    def join(self) -> None:
+        """Wait for a requested shutdown to finish."""
         self._thread.join(timeout=20)
         self._sock.close()
 
@@ -117,11 +125,12 @@ class RouterRig:
         return router
 
     def stop(self) -> None:
-        """Stop routers, then engines."""
-        for router in self.routers:
-            router.stop()
-        for engine in self.prefill + self.decode:
-            engine.server.stop()
+        """Stop routers, then engines (each group shutting down in parallel)."""
+        for group in (self.routers, [e.server for e in self.prefill + self.decode]):
+            for server in group:
+                server.request_stop()
+            for server in group:
+                server.join()
 
 
 @contextmanager

@@ -247,3 +247,18 @@ def test_client_leaving_mid_stream_releases_the_decode_call(
         engine.state.token_delay_s = 0
     assert turn(client).status_code == 200
     assert lookups(client, "miss") == 2, "an unfinished turn stores nothing"
+
+
+def test_decode_restarted_in_place_does_not_get_stale_reads(
+    rig: RouterRig, client: httpx.Client
+) -> None:
+    assert turn(client).status_code == 200
+    index = next(i for i, e in enumerate(rig.decode) if e.state.received)
+    port = rig.decode[index].server.port
+    rig.decode[index].server.stop()
+    wait_until(lambda: client.get("/health").json()["decode_healthy"] == 1)
+    rig.decode[index] = start_engine("decode", "d-restarted", port)
+    wait_until(lambda: client.get("/health").json()["decode_healthy"] == 2)
+    assert turn(client).status_code == 200
+    assert lookups(client, "stale") == 1, "its retained KV died with the old process"
+    assert [r for e in rig.prefill for r in e.state.reads] == []

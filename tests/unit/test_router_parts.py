@@ -151,7 +151,7 @@ def test_prefill_params_on_miss_and_on_hit() -> None:
         "remote_num_tokens": 40,
         "verified_digest": "kept-as-is",
     }
-    hit = prefill_params(TurnEntry(decode_params, "http://d", time.time() + 9, 1))
+    hit = prefill_params(TurnEntry(decode_params, "http://d", time.time(), time.time() + 9, 1))
     assert hit == {**decode_params, "do_remote_decode": True, "do_remote_prefill": False}
 
 

@@ -49,7 +49,7 @@ def run(make_store: StoreFactory, scenario: Callable[[ConversationStore], Awaita
 
 def entry(seq: int, decode: str = "http://d0", ttl: float = 60.0) -> TurnEntry:
     params = {"remote_engine_id": f"e{seq}", "remote_block_ids": [[seq]]}
-    return TurnEntry(params, decode, time.time() + ttl, seq)
+    return TurnEntry(params, decode, time.time(), time.time() + ttl, seq)
 
 
 def test_first_turn_misses_then_next_turn_hits_once(make_store: StoreFactory) -> None:

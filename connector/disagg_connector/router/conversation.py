@@ -29,6 +29,7 @@ class TurnEntry:
 
     kv_transfer_params: dict[str, Any]
     decode_url: str
+    created_at: float
     expires_at: float
     seq: int
 
@@ -43,6 +44,7 @@ class TurnEntry:
         return cls(
             kv_transfer_params=dict(data["kv_transfer_params"]),
             decode_url=str(data["decode_url"]),
+            created_at=float(data["created_at"]),
             expires_at=float(data["expires_at"]),
             seq=int(data["seq"]),
         )

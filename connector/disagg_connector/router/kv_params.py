@@ -15,7 +15,7 @@ from disagg_connector.router.conversation import TurnEntry
 KV_PARAMS = "kv_transfer_params"
 DECODE_EXPIRY_KEY = "disagg_expires_at"
 """Unix time at which decode frees the retained blocks, published by ``DisaggConnector``."""
-_KV_MARKER = b'"kv_transfer_params"'
+KV_MARKER = b'"kv_transfer_params"'
 _UNROUTABLE_HOSTS = frozenset({"", "0.0.0.0", "::", "localhost", "127.0.0.1", "::1"})
 
 
@@ -52,12 +52,12 @@ def strip_from_events(events: bytes) -> tuple[bytes, dict[str, Any] | None]:
 
     Only events that mention the field are decoded, so the common chunk costs one search.
     """
-    if _KV_MARKER not in events:
+    if KV_MARKER not in events:
         return events, None
     found: dict[str, Any] | None = None
     out: list[bytes] = []
     for event in events.split(b"\n\n"):
-        if _KV_MARKER in event and event.startswith(b"data: "):
+        if KV_MARKER in event and event.startswith(b"data: "):
             try:
                 chunk = json.loads(event[6:])
             except ValueError:

@@ -36,6 +36,7 @@ from disagg_connector.router.errors import (
 from disagg_connector.router.health import HealthChecker
 from disagg_connector.router.kv_params import (
     DECODE_EXPIRY_KEY,
+    KV_MARKER,
     KV_PARAMS,
     prefill_params,
     routable,
@@ -67,6 +68,7 @@ class _Turn:
     start: TurnStart | None = None
     entry: TurnEntry | None = None
     entry_spent: bool = False
+    lookup: Lookup = Lookup.NO_KEY
 
 
 @dataclass(frozen=True)
@@ -146,21 +148,30 @@ class ProxyService:
             turn.start = await self._store.begin_turn(turn.key)
         except Exception as exc:
             self._store_failed("begin_turn", exc)
+            turn.lookup = Lookup.MISS
             return
         lookup, turn.entry = turn.start.lookup, turn.start.entry
         if turn.entry is not None:
             decode = self._decode.get(turn.entry.decode_url)
-            if decode is None or not decode.healthy:
+            if decode is None or not decode.healthy or decode.recovered_at >= turn.entry.created_at:
                 lookup, turn.entry = Lookup.STALE, None
         self._metrics.lookups.labels(lookup.value).inc()
-        log.info("[%s] conversation cache %s", turn.request_id, lookup.value.upper())
+        turn.lookup = lookup
 
     def _store_failed(self, operation: str, exc: Exception) -> None:
         self._metrics.store_errors.labels(operation).inc()
         log.warning("conversation store %s failed (turn runs without reuse): %s", operation, exc)
 
-    def _headers(self, turn: _Turn) -> dict[str, str]:
-        return {REQUEST_ID_HEADER: turn.request_id, "Content-Type": "application/json"}
+    def _request(
+        self, turn: _Turn, replica: Replica, content: bytes, timeout_s: float
+    ) -> httpx.Request:
+        """A ready request; built directly, it skips the client's URL/header/cookie merging."""
+        headers = {REQUEST_ID_HEADER: turn.request_id, "Content-Type": "application/json"}
+        url = replica.url + turn.request.endpoint.value
+        request = httpx.Request("POST", url, content=content, headers=headers)
+        timeout = httpx.Timeout(timeout_s, connect=self._config.connect_timeout_s)
+        request.extensions["timeout"] = timeout.as_dict()
+        return request
 
     def _upstream_failed(self, replica: Replica, kind: str, detail: object, mark: bool) -> None:
         self._metrics.upstream_errors.labels(replica.role.value, replica.url, kind).inc()
@@ -186,13 +197,11 @@ class ProxyService:
                 payload.pop(name, None)
             started = time.perf_counter()
             try:
+                request = self._request(
+                    turn, replica, _dumps(payload), self._config.prefill_timeout_s
+                )
                 with self._prefill.track(replica):
-                    response = await self._client.post(
-                        replica.url + turn.request.endpoint.value,
-                        content=_dumps(payload),
-                        headers=self._headers(turn),
-                        timeout=self._config.prefill_timeout_s,
-                    )
+                    response = await self._client.send(request)
             except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
                 self._upstream_failed(replica, "connect", exc, mark=True)
                 failure = upstream_error(503, "Prefill replica unreachable.", "prefill_unreachable")
@@ -218,10 +227,11 @@ class ProxyService:
             turn.entry_spent = True
             self._metrics.prefill_seconds.observe(elapsed)
             log.info(
-                "[%s] Prefill done in %.0fms (replica=%s)",
+                "[%s] Prefill done in %.0fms (replica=%s, conversation cache %s)",
                 turn.request_id,
                 elapsed * 1000,
                 replica.url,
+                turn.lookup.value.upper(),
             )
             return _Prefilled(
                 replica, routable(data.get(KV_PARAMS), replica.host), self._count_tokens(data)
@@ -277,13 +287,7 @@ class ProxyService:
             if replica is None:
                 break
             tried.append(replica)
-            request = self._client.build_request(
-                "POST",
-                replica.url + turn.request.endpoint.value,
-                content=content,
-                headers=self._headers(turn),
-                timeout=self._config.decode_timeout_s,
-            )
+            request = self._request(turn, replica, content, self._config.decode_timeout_s)
             replica.outstanding += 1
             try:
                 response = await self._client.send(request, stream=True)
@@ -314,11 +318,12 @@ class ProxyService:
         kv = routable(params, replica.host)
         if turn.key is None or turn.start is None or kv is None:
             return
-        expires_at = time.time() + self._config.conversation_ttl_s
+        now = time.time()
+        expires_at = now + self._config.conversation_ttl_s
         published = kv.get(DECODE_EXPIRY_KEY)
         if isinstance(published, int | float) and not isinstance(published, bool):
             expires_at = min(expires_at, published - DECODE_EXPIRY_MARGIN_S)
-        entry = TurnEntry(kv, replica.url, expires_at, turn.start.seq)
+        entry = TurnEntry(kv, replica.url, now, expires_at, turn.start.seq)
         try:
             await self._store.commit(turn.key, entry)
         except Exception as exc:
@@ -394,7 +399,7 @@ class _DecodeStream:
                 if cut < 0:
                     continue
                 ready, pending = pending[: cut + 2], pending[cut + 2 :]
-                yield await self._strip(ready)
+                yield await self._strip(ready) if KV_MARKER in ready else ready
             if pending:
                 yield await self._strip(pending)
             outcome = "success"

@@ -28,6 +28,8 @@ class Replica:
     healthy: bool = True
     failures: int = 0
     next_check: float = 0.0
+    recovered_at: float = 0.0
+    """Wall time of the last unhealthy -> healthy transition: KV retained before it may be gone."""
 
     def __post_init__(self) -> None:
         self.host = urlsplit(self.url).hostname or ""
@@ -89,6 +91,8 @@ class ReplicaPool:
 
     def mark_ok(self, replica: Replica, now: float | None = None) -> None:
         """Put ``replica`` back in rotation."""
+        if not replica.healthy:
+            replica.recovered_at = time.time()
         replica.healthy = True
         replica.failures = 0
         replica.next_check = (time.monotonic() if now is None else now) + self._interval_s

@@ -1,0 +1,216 @@
+"""Router overhead and throughput against engine stand-ins, figures as JSON.
+
+Starts a prefill and a decode *engine stand-in* (tests/unit/engine_standin.py: instant fake
+engines, not vLLM) and ``disagg router`` in front of them, each in its own process, then at
+each concurrency level runs streamed multi-turn chat requests three ways:
+
+* ``direct_decode``: the client calls the decode stand-in once (the engine alone);
+* ``direct_pd``: the client itself calls prefill (max_tokens=1) then decode, the least any
+  P/D setup does;
+* ``router``: the client calls the router, which does prefill + decode + conversation upkeep.
+
+Latency is request start to the last byte of the stream. Reported per level: p50/p99 of each
+mode, the router's added p50/p99 over both direct modes, requests/s, errors, and the router
+process's CPU (cores busy) and peak RSS read from /proc. Run under the heavy-job lock:
+
+    flock /tmp/disagg-heavy.lock .venv/bin/python benchmarks/router_overhead.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+STANDIN = ROOT / "tests" / "unit" / "engine_standin.py"
+MODEL = "standin-model"
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@contextmanager
+def process(args: list[str], url: str) -> Iterator[subprocess.Popen[bytes]]:
+    """Run ``args`` until the block ends; wait until ``url``/health answers."""
+    child = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if child.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"{args[:3]} did not become healthy")
+            time.sleep(0.1)
+        yield child
+    finally:
+        child.terminate()
+        child.wait(timeout=20)
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+async def read_stream(client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> bool:
+    async with client.stream("POST", url, json=body) as response:
+        if response.status_code != 200:
+            return False
+        tail = b""
+        async for chunk in response.aiter_bytes():
+            tail = (tail + chunk)[-32:]
+        return tail.endswith(b"data: [DONE]\n\n")
+
+
+Call = Callable[[httpx.AsyncClient, dict[str, Any]], Awaitable[bool]]
+
+
+async def run_level(call: Call, concurrency: int, requests: int, tokens: int) -> dict[str, Any]:
+    """``requests`` streamed turns over ``concurrency`` conversations; latency per request."""
+    latencies: list[float] = []
+    errors = 0
+    per_worker = max(1, requests // concurrency)
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=concurrency * 2)
+
+    async def worker(index: int, client: httpx.AsyncClient) -> None:
+        nonlocal errors
+        messages = [{"role": "user", "content": f"conversation {index} opening question"}]
+        for turn in range(per_worker):
+            body = {
+                "model": MODEL,
+                "messages": messages,
+                "stream": True,
+                "max_tokens": tokens,
+                "conversation_id": f"bench-{concurrency}-{index}",
+            }
+            started = time.perf_counter()
+            try:
+                ok = await call(client, body)
+            except httpx.HTTPError:
+                ok = False
+            latencies.append(time.perf_counter() - started)
+            errors += not ok
+            messages = [*messages, {"role": "user", "content": f"follow-up {turn}"}]
+
+    async with httpx.AsyncClient(limits=limits, timeout=60) as client:
+        started = time.perf_counter()
+        await asyncio.gather(*(worker(i, client) for i in range(concurrency)))
+        elapsed = time.perf_counter() - started
+    return {
+        "requests": len(latencies),
+        "errors": errors,
+        "p50_ms": round(statistics.median(latencies) * 1000, 3),
+        "p99_ms": round(percentile(latencies, 0.99) * 1000, 3),
+        "requests_per_s": round(len(latencies) / elapsed, 1),
+        "wall_s": round(elapsed, 3),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--levels", type=int, nargs="+", default=[1, 4, 16, 64, 256])
+    parser.add_argument("--requests", type=int, default=512, help="requests per level and mode")
+    parser.add_argument("--tokens", type=int, default=16, help="streamed tokens per answer")
+    parser.add_argument("--output", type=Path, default=ROOT / "benchmarks" / "router_overhead.json")
+    args = parser.parse_args()
+
+    ports = {name: free_port() for name in ("prefill", "decode", "router")}
+    urls = {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}
+    standin = [sys.executable, str(STANDIN)]
+    router_cmd = [
+        sys.executable, "-m", "disagg_operator.cli", "router", "--host", "127.0.0.1",
+        "--port", str(ports["router"]), "--prefill", urls["prefill"], "--decode", urls["decode"],
+    ]  # fmt: skip
+    chat = "/v1/chat/completions"
+
+    async def direct_decode(client: httpx.AsyncClient, body: dict[str, Any]) -> bool:
+        plain = {k: v for k, v in body.items() if k != "conversation_id"}
+        return await read_stream(client, urls["decode"] + chat, plain)
+
+    async def direct_pd(client: httpx.AsyncClient, body: dict[str, Any]) -> bool:
+        plain = {k: v for k, v in body.items() if k != "conversation_id"}
+        prefill = {**plain, "stream": False, "max_tokens": 1}
+        response = await client.post(urls["prefill"] + chat, json=prefill)
+        params = response.json().get("kv_transfer_params")
+        return await read_stream(
+            client, urls["decode"] + chat, {**plain, "kv_transfer_params": params}
+        )
+
+    async def via_router(client: httpx.AsyncClient, body: dict[str, Any]) -> bool:
+        return await read_stream(client, urls["router"] + chat, body)
+
+    levels = []
+    with (
+        process([*standin, "--role", "prefill", "--port", str(ports["prefill"])], urls["prefill"]),
+        process([*standin, "--role", "decode", "--port", str(ports["decode"])], urls["decode"]),
+        process(router_cmd, urls["router"]) as router,
+    ):
+        asyncio.run(run_level(via_router, 4, 64, args.tokens))  # warm-up
+        asyncio.run(run_level(direct_pd, 4, 64, args.tokens))
+        for concurrency in args.levels:
+            requests = max(args.requests, concurrency * 2)
+            level: dict[str, Any] = {"concurrency": concurrency}
+            level["direct_decode"] = asyncio.run(
+                run_level(direct_decode, concurrency, requests, args.tokens)
+            )
+            level["direct_pd"] = asyncio.run(
+                run_level(direct_pd, concurrency, requests, args.tokens)
+            )
+            cpu_before = cpu_seconds(router.pid)
+            level["router"] = asyncio.run(run_level(via_router, concurrency, requests, args.tokens))
+            wall = level["router"]["wall_s"]
+            level["router"]["cpu_cores"] = round((cpu_seconds(router.pid) - cpu_before) / wall, 2)
+            level["router"]["rss_mib"] = round(rss_mib(router.pid), 1)
+            for base in ("direct_decode", "direct_pd"):
+                for stat in ("p50_ms", "p99_ms"):
+                    added = level["router"][stat] - level[base][stat]
+                    level[f"added_{stat}_vs_{base}"] = round(added, 3)
+            levels.append(level)
+            print(json.dumps(level), flush=True)
+    report = {
+        "benchmark": "router_overhead",
+        "engines": "engine stand-ins (tests/unit/engine_standin.py), not vLLM",
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+        "settings": {"tokens": args.tokens, "requests_per_level": args.requests},
+        "levels": levels,
+    }
+    args.output.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {args.output}")
+
+
+if __name__ == "__main__":
+    main()
