@@ -36,16 +36,22 @@ class Verdict(enum.StrEnum):
 
 @dataclass(frozen=True)
 class ReusePlan:
-    """How many of the tokens decode offers prefill will pull."""
+    """How many of the tokens decode offers prefill will pull.
+
+    ``usable_tokens`` is the whole-block part of the offer that lies inside the new prompt
+    (its last token excluded): the most any reuse can cover. ``verified_tokens`` is what
+    passed verification; the rest of the usable part is rejected and recomputed.
+    """
 
     verdict: Verdict
     offered_tokens: int
+    usable_tokens: int
     verified_tokens: int
 
     @property
     def rejected_tokens(self) -> int:
-        """Offered tokens that will be recomputed because they could not be verified."""
-        return self.offered_tokens - self.verified_tokens
+        """Usable tokens recomputed because they failed verification (or the offer expired)."""
+        return self.usable_tokens - self.verified_tokens
 
 
 def offers_remote_kv(params: dict[str, Any] | None) -> bool:
@@ -69,28 +75,30 @@ def plan_reuse(
     """
     remote_tokens = int(params.get("remote_num_tokens") or 0)
     offered = min(remote_tokens, len(prompt_token_ids))
+    # Never cover the whole prompt: its last token must be computed to sample from it.
+    usable_blocks = max(0, min(remote_tokens, len(prompt_token_ids) - 1)) // block_size
+    usable = usable_blocks * block_size
+
+    def rejected(verdict: Verdict) -> ReusePlan:
+        return ReusePlan(verdict, offered, usable, 0)
 
     expires_at = params.get(EXPIRY_PARAM_KEY)
     if isinstance(expires_at, int | float) and now_unix + EXPIRY_MARGIN_S >= expires_at:
-        return ReusePlan(Verdict.EXPIRED, offered, 0)
+        return rejected(Verdict.EXPIRED)
     if DIGEST_PARAM_KEY not in params:
-        return ReusePlan(Verdict.NO_DIGEST, offered, 0)
+        return rejected(Verdict.NO_DIGEST)
     try:
         digest = TokenDigest.from_wire(params[DIGEST_PARAM_KEY])
     except DigestFormatError:
-        return ReusePlan(Verdict.BAD_DIGEST, offered, 0)
+        return rejected(Verdict.BAD_DIGEST)
     if digest.block_size != block_size:
-        return ReusePlan(Verdict.BLOCK_SIZE_MISMATCH, offered, 0)
+        return rejected(Verdict.BLOCK_SIZE_MISMATCH)
 
-    # Never cover the whole prompt: its last token must be computed to sample from it.
-    usable_blocks = min(remote_tokens, len(prompt_token_ids) - 1) // block_size
-    prompt_head = prompt_token_ids[: usable_blocks * block_size]
-    matched = digest.matching_blocks(prompt_head, cache_salt)
-    verified = matched * block_size
+    verified = digest.matching_blocks(prompt_token_ids[:usable], cache_salt) * block_size
     if not blocks_cuttable and verified != remote_tokens:
-        return ReusePlan(Verdict.PARTIAL_HYBRID, offered, 0)
-    verdict = Verdict.VERIFIED if verified == usable_blocks * block_size else Verdict.DIVERGED
-    return ReusePlan(verdict, offered, verified)
+        return rejected(Verdict.PARTIAL_HYBRID)
+    verdict = Verdict.VERIFIED if verified == usable else Verdict.DIVERGED
+    return ReusePlan(verdict, offered, usable, verified)
 
 
 def cut_params(params: dict[str, Any], plan: ReusePlan, block_size: int) -> None:

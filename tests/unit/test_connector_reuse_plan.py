@@ -50,11 +50,12 @@ HELD = list(range(1000, 1018))  # 18 tokens: 4 whole blocks and 2 tokens
 def test_extended_history_reuses_every_whole_held_block() -> None:
     params = offer(HELD)
     result = plan(params, [*HELD, 1, 2, 3, 4, 5])
-    assert (result.verdict, result.verified_tokens, result.offered_tokens) == (
+    assert (result.verdict, result.offered_tokens, result.usable_tokens) == (
         Verdict.VERIFIED,
-        16,
         18,
+        16,
     )
+    assert (result.verified_tokens, result.rejected_tokens) == (16, 0)
     cut_params(params, result, BLOCK)
     assert params["remote_num_tokens"] == 16
     assert params["remote_block_ids"] == [[0, 1, 2, 3]]
@@ -67,7 +68,7 @@ def test_divergence_keeps_only_blocks_before_it() -> None:
     assert (result.verdict, result.verified_tokens, result.rejected_tokens) == (
         Verdict.DIVERGED,
         8,
-        10,
+        8,
     )
     cut_params(params, result, BLOCK)
     assert params["remote_num_tokens"] == 8
@@ -77,7 +78,11 @@ def test_divergence_keeps_only_blocks_before_it() -> None:
 def test_divergence_in_first_block_rejects_all_but_keeps_blocks_to_free() -> None:
     params = offer(HELD)
     result = plan(params, [5, *HELD[1:], 9])
-    assert (result.verdict, result.verified_tokens) == (Verdict.DIVERGED, 0)
+    assert (result.verdict, result.verified_tokens, result.rejected_tokens) == (
+        Verdict.DIVERGED,
+        0,
+        16,
+    )
     cut_params(params, result, BLOCK)
     assert params["remote_num_tokens"] == 0
     assert params["remote_block_ids"] == [[0, 1, 2, 3, 4]]
@@ -86,7 +91,12 @@ def test_divergence_in_first_block_rejects_all_but_keeps_blocks_to_free() -> Non
 def test_prompt_last_token_is_never_covered() -> None:
     params = offer(HELD[:16])
     result = plan(params, HELD[:16])
-    assert result.verified_tokens == 12
+    assert (result.usable_tokens, result.verified_tokens) == (12, 12)
+
+
+def test_short_prompt_offers_nothing_usable() -> None:
+    result = plan(offer(HELD), HELD[:1])
+    assert (result.offered_tokens, result.usable_tokens, result.verified_tokens) == (1, 0, 0)
 
 
 def test_missing_digest_rejects_everything() -> None:
@@ -99,7 +109,11 @@ def test_unknown_digest_version_rejects_everything() -> None:
     params = offer(HELD)
     params[DIGEST_PARAM_KEY] = {**params[DIGEST_PARAM_KEY], "v": 99}
     result = plan(params, [*HELD, 1])
-    assert (result.verdict, result.verified_tokens) == (Verdict.BAD_DIGEST, 0)
+    assert (result.verdict, result.verified_tokens, result.rejected_tokens) == (
+        Verdict.BAD_DIGEST,
+        0,
+        16,
+    )
 
 
 def test_other_block_size_rejects_everything() -> None:
