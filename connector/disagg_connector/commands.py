@@ -11,6 +11,7 @@ def register(subparsers: Any) -> None:
     """Add the connector package's subcommands to the ``disagg`` parser."""
     _register_serve(subparsers)
     _register_router(subparsers)
+    _register_plan(subparsers)
 
 
 def _register_serve(subparsers: Any) -> None:
@@ -66,3 +67,22 @@ def _run_router(args: argparse.Namespace) -> int:
     from disagg_connector.router.server import run
 
     return run(config)
+
+
+def _register_plan(subparsers: Any) -> None:
+    from disagg_connector.plan.cli import add_arguments
+
+    parser = subparsers.add_parser(
+        "plan",
+        help="predict TTFT with and without KV reuse for a model, GPU and fabric",
+        description="Capacity model: predicted TTFT off/on, KV transfer time and its physical "
+        "floor per prompt length, and a suggested recomputeThresholdTokens. Pure Python.",
+    )
+    add_arguments(parser)
+    parser.set_defaults(func=_run_plan)
+
+
+def _run_plan(args: argparse.Namespace) -> int:
+    from disagg_connector.plan.cli import run
+
+    return run(args)

@@ -1,0 +1,198 @@
+"""TTFT with KV reuse off and on, KV transfer time, and the recompute threshold for a deployment.
+
+One conversation turn of ``prompt`` tokens, of which the last ``suffix`` are new this turn:
+
+* OFF (full recompute, prefill cache evicted): ``prefill_off = step + C(0, prompt)``.
+* ON: prefill READs the reused prefix from decode (``kv_read = step + bytes/link``), then
+  computes the suffix attending to the whole context: ``prefill_on = step + kv_read +
+  C(reused, prompt - reused)``. Reuse covers whole KV blocks only, so the partial last block
+  of the prefix is recomputed with the suffix.
+* Both legs then hand the new suffix's KV to decode (``step + bytes/link``; decode keeps the
+  earlier turns' blocks) before the first token: ``ttft = prefill + handoff``.
+
+``C(context, new)`` is prefill FLOPs over TP GPUs at peak; ``step`` is one fixed overhead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from disagg_connector.plan.catalog import Fabric, Gpu
+from disagg_connector.plan.model_spec import AttentionKind, ModelSpec
+from disagg_connector.plan.physics import (
+    Cost,
+    Efficiency,
+    kv_bytes_per_token_per_gpu,
+    prefill_flops,
+)
+
+# New tokens per turn in vLLM's multi-turn benchmark config (benchmarks/multi_turn/
+# generate_multi_turn.json: user turns uniform 120..160 tokens). The seed does not publish
+# its own sweep config; `disagg plan --suffix-tokens` overrides this.
+DEFAULT_SUFFIX_TOKENS = 140
+# vLLM's KV block sizes: 16 on CUDA by default; FlashMLA (MLA models) needs 64.
+DEFAULT_BLOCK_TOKENS = 16
+MLA_BLOCK_TOKENS = 64
+# Search cap for the recompute threshold: past this, reuse never beats recompute.
+_THRESHOLD_CAP_TOKENS = 1 << 24
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """A model served with tensor parallelism ``tp`` on ``gpu`` nodes joined by ``fabric``."""
+
+    model: ModelSpec
+    gpu: Gpu
+    tp: int
+    fabric: Fabric
+    suffix_tokens: int = DEFAULT_SUFFIX_TOKENS
+    block_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        if self.tp < 1:
+            raise ValueError(f"--tp must be >= 1, got {self.tp}")
+        if self.suffix_tokens < 1:
+            raise ValueError(f"--suffix-tokens must be >= 1, got {self.suffix_tokens}")
+        if self.block_tokens < 0:
+            raise ValueError(f"--block-size must be >= 1, got {self.block_tokens}")
+
+    @property
+    def block(self) -> int:
+        """KV block size in tokens (explicit, else vLLM's default for the attention kind)."""
+        if self.block_tokens:
+            return self.block_tokens
+        return (
+            MLA_BLOCK_TOKENS if self.model.attention is AttentionKind.MLA else DEFAULT_BLOCK_TOKENS
+        )
+
+    @property
+    def peak_flops(self) -> float:
+        """Peak dense FLOP/s of the TP group for the model's weight dtype."""
+        return self.tp * self.gpu.peak_for(self.model.weight_dtype)
+
+    def compute(self, context: int, new: int) -> Cost:
+        """Prefill of ``new`` tokens after ``context`` cached ones, in seconds at peak."""
+        return Cost(compute_s=prefill_flops(self.model, context, new) / self.peak_flops)
+
+    def kv_bytes_per_gpu(self, tokens: int) -> int:
+        """Bytes each GPU reads to move ``tokens`` tokens of KV (all GPUs read in parallel)."""
+        return tokens * kv_bytes_per_token_per_gpu(self.model, self.tp)
+
+    def transfer(self, tokens: int) -> Cost:
+        """One NIXL READ of ``tokens`` tokens of KV: a fixed step plus bytes over the link."""
+        link_s = self.kv_bytes_per_gpu(tokens) / self.fabric.bytes_per_s_per_gpu
+        return Cost(steps=1, link_s=link_s)
+
+    def reused_tokens(self, prompt: int) -> int:
+        """Prefix tokens read back from decode: whole blocks before this turn's suffix."""
+        prefix = max(prompt - self.suffix_tokens, 0)
+        return prefix // self.block * self.block
+
+
+@dataclass(frozen=True)
+class TurnCosts:
+    """The cost terms of one turn; ``Prediction`` turns them into milliseconds."""
+
+    prompt_tokens: int
+    reused_tokens: int
+    prefill_off: Cost
+    prefill_on: Cost
+    kv_transfer: Cost
+    handoff: Cost
+
+    @property
+    def ttft_off(self) -> Cost:
+        """Time to first token with reuse off."""
+        return self.prefill_off + self.handoff
+
+    @property
+    def ttft_on(self) -> Cost:
+        """Time to first token with reuse on."""
+        return self.prefill_on + self.handoff
+
+
+def turn_costs(deployment: Deployment, prompt: int) -> TurnCosts:
+    """Cost terms of one turn of ``prompt`` tokens (see the module docstring)."""
+    if prompt < 1:
+        raise ValueError(f"prompt length must be >= 1 token, got {prompt}")
+    reused = deployment.reused_tokens(prompt)
+    computed = prompt - reused
+    step = Cost(steps=1)
+    kv_read = deployment.transfer(reused)
+    return TurnCosts(
+        prompt_tokens=prompt,
+        reused_tokens=reused,
+        prefill_off=step + deployment.compute(0, prompt),
+        prefill_on=step + kv_read + deployment.compute(reused, computed),
+        kv_transfer=kv_read,
+        handoff=deployment.transfer(min(deployment.suffix_tokens, prompt)),
+    )
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """Predicted times of one turn, in milliseconds, and the reuse path's physical floor."""
+
+    prompt_tokens: int
+    reused_tokens: int
+    ttft_off_ms: float
+    ttft_on_ms: float
+    prefill_off_ms: float
+    prefill_on_ms: float
+    kv_transfer_ms: float
+    kv_floor_ms: float
+    kv_bytes_per_gpu: int
+
+    @property
+    def speedup(self) -> float:
+        """TTFT off over TTFT on."""
+        return self.ttft_off_ms / self.ttft_on_ms
+
+
+def predict(deployment: Deployment, eff: Efficiency, prompt: int) -> Prediction:
+    """Predicted TTFT off/on, prefill durations and KV transfer for one prompt length."""
+    costs = turn_costs(deployment, prompt)
+
+    def ms(cost: Cost) -> float:
+        return cost.seconds(eff) * 1e3
+
+    return Prediction(
+        prompt_tokens=prompt,
+        reused_tokens=costs.reused_tokens,
+        ttft_off_ms=ms(costs.ttft_off),
+        ttft_on_ms=ms(costs.ttft_on),
+        prefill_off_ms=ms(costs.prefill_off),
+        prefill_on_ms=ms(costs.prefill_on),
+        kv_transfer_ms=ms(costs.kv_transfer),
+        kv_floor_ms=costs.kv_transfer.link_s * 1e3,
+        kv_bytes_per_gpu=deployment.kv_bytes_per_gpu(costs.reused_tokens),
+    )
+
+
+def recompute_threshold(deployment: Deployment, eff: Efficiency) -> int | None:
+    """Smallest reusable prefix (whole blocks) whose READ beats recomputing it; None if never.
+
+    Reading ``k`` tokens costs ``step + bytes(k)/link``; recomputing them costs ``C(0, k)``
+    (the suffix attends to them either way). Below the returned count, recompute is cheaper:
+    set it as ``recomputeThresholdTokens`` (vLLM's ``kv_recompute_threshold``).
+    """
+    block = deployment.block
+
+    def read_wins(blocks: int) -> bool:
+        tokens = blocks * block
+        read = deployment.transfer(tokens).seconds(eff)
+        return read <= deployment.compute(0, tokens).seconds(eff)
+
+    high = 1
+    while not read_wins(high):
+        high *= 2
+        if high * block > _THRESHOLD_CAP_TOKENS:
+            return None
+    low = high // 2
+    while high - low > 1:
+        middle = (low + high) // 2
+        if read_wins(middle):
+            high = middle
+        else:
+            low = middle
+    return high * block
