@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import json
 import os
 import platform
@@ -205,6 +206,9 @@ def main() -> None:
         "benchmark": "router_overhead",
         "engines": "engine stand-ins (tests/unit/engine_standin.py), not vLLM",
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+        "server_stack": {
+            name: importlib.util.find_spec(name) is not None for name in ("uvloop", "httptools")
+        },
         "settings": {"tokens": args.tokens, "requests_per_level": args.requests},
         "levels": levels,
     }

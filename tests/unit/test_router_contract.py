@@ -1,0 +1,35 @@
+"""The router command the operator renders is one ``disagg router`` accepts as it stands."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from disagg_connector.router.config import DiscoveryKind
+from disagg_connector.router.options import config_from_args
+from disagg_operator.cli import build_parser
+from disagg_operator.loading import load_file
+from disagg_operator.render import render
+
+EXAMPLES = sorted((Path(__file__).parents[2] / "examples").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.stem)
+def test_rendered_router_command_is_a_valid_router_config(example: Path) -> None:
+    for model in load_file(example):
+        namespace = model.metadata.namespace or "default"
+        manifests = render(model.metadata.name, namespace, model.spec)
+        (deployment,) = [m for m in manifests if m["kind"] == "Deployment"]
+        (container,) = deployment["spec"]["template"]["spec"]["containers"]
+        program, *args = container["command"]
+        assert program == "disagg"
+        config = config_from_args(build_parser().parse_args(args))
+        assert config.discovery == DiscoveryKind.KUBERNETES
+        assert config.namespace == namespace
+        assert config.conversation_ttl_s == model.spec.conversation_ttl_seconds
+        probe = container["readinessProbe"]["httpGet"]
+        assert (probe["path"], probe["port"]) == ("/health", config.port_name)
+
+
+def test_examples_exist() -> None:
+    assert EXAMPLES, "examples/*.yaml are the samples this contract is checked on"
