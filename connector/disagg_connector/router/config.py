@@ -41,6 +41,7 @@ class RouterConfig:
     prefill_service: str = ""
     decode_service: str = ""
     port_name: str = "http"
+    kubeconfig: str = ""
     store: StoreKind = StoreKind.MEMORY
     redis_url: str = "redis://127.0.0.1:6379/0"
     redis_prefix: str = "disagg:conv:"

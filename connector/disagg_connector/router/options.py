@@ -31,6 +31,12 @@ def add_router_arguments(parser: argparse.ArgumentParser) -> None:
     found.add_argument(
         "--port-name", default=d.port_name, help="EndpointSlice port name (default %(default)s)"
     )
+    found.add_argument(
+        "--kubeconfig",
+        default=d.kubeconfig,
+        help="kubeconfig for running outside the cluster (default: in-cluster credentials, "
+        "else $KUBECONFIG or ~/.kube/config)",
+    )
 
     conv = parser.add_argument_group("conversations")
     conv.add_argument("--store", choices=[k.value for k in StoreKind], default=d.store.value)
@@ -98,6 +104,7 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
         prefill_service=args.prefill_service,
         decode_service=args.decode_service,
         port_name=args.port_name,
+        kubeconfig=args.kubeconfig,
         store=StoreKind(args.store),
         redis_url=args.redis_url,
         redis_prefix=args.redis_prefix,

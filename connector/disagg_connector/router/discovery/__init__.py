@@ -29,6 +29,7 @@ def build_discovery(config: RouterConfig, prefill: ReplicaPool, decode: ReplicaP
             config.namespace,
             {config.prefill_service: prefill, config.decode_service: decode},
             config.port_name,
+            config.kubeconfig or None,
         )
     from disagg_connector.router.discovery.static import StaticDiscovery
 

@@ -70,20 +70,28 @@ class _SliceState:
 class EndpointSliceDiscovery:
     """Watches the EndpointSlices of each Service and keeps its pool in step."""
 
-    def __init__(self, namespace: str, pools: Mapping[str, ReplicaPool], port_name: str) -> None:
+    def __init__(
+        self,
+        namespace: str,
+        pools: Mapping[str, ReplicaPool],
+        port_name: str,
+        kubeconfig: str | None = None,
+    ) -> None:
         self._namespace = namespace
         self._pools = pools
         self._port_name = port_name
+        self._kubeconfig = kubeconfig
         self._stopping = threading.Event()
         self._watches: list[watch.Watch] = []
 
     async def start(self) -> None:
-        """Load credentials (in-cluster first), then start one watch thread per Service."""
-        try:
-            config.load_incluster_config()  # type: ignore[no-untyped-call]
-        except config.ConfigException:
-            config.load_kube_config()  # type: ignore[no-untyped-call]
-        api = client.DiscoveryV1Api()
+        """Load credentials, then start one watch thread per Service.
+
+        Credentials come from ``kubeconfig`` when given, else in-cluster, else the default
+        kubeconfig; each discovery has its own API client.
+        """
+        api_client = client.ApiClient(self._credentials())
+        api = client.DiscoveryV1Api(api_client)
         loop = asyncio.get_running_loop()
         for service, pool in self._pools.items():
             thread = threading.Thread(
@@ -93,6 +101,19 @@ class EndpointSliceDiscovery:
                 daemon=True,
             )
             thread.start()
+
+    def _credentials(self) -> client.Configuration:
+        credentials = client.Configuration()
+        if self._kubeconfig is None:
+            try:
+                config.load_incluster_config(client_configuration=credentials)  # type: ignore[no-untyped-call]
+                return credentials
+            except config.ConfigException:
+                pass
+        config.load_kube_config(  # type: ignore[no-untyped-call]
+            config_file=self._kubeconfig, client_configuration=credentials
+        )
+        return credentials
 
     async def stop(self) -> None:
         """Ask the watch threads to end."""
