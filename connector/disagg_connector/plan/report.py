@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -57,6 +58,19 @@ def describe_efficiency(eff: Efficiency) -> str:
     )
 
 
+def _calibration_note(eff: Efficiency) -> str:
+    shipped = calibration.CALIBRATED
+    if not all(
+        math.isclose(getattr(eff, field), getattr(shipped, field), rel_tol=1e-9)
+        for field in ("compute", "link", "fixed_overhead_s")
+    ):
+        return "constants set on the command line (not the published-point calibration)"
+    return (
+        "calibrated on the published P5en points of Qwen3-32B and GLM-5-FP8; worst point off by "
+        f"{calibration.CALIBRATED_WORST_ERROR:.0%} (disagg plan --calibration-report)"
+    )
+
+
 def _threshold_text(threshold: int | None) -> str:
     if threshold is None:
         return (
@@ -71,6 +85,7 @@ def plan_text(plan: Plan) -> str:
         _describe_model(plan.deployment),
         _describe_deployment(plan.deployment),
         f"constants: {describe_efficiency(plan.efficiency)}",
+        _calibration_note(plan.efficiency),
         "",
     ]
     columns = ("prompt", "reused", "TTFT off", "TTFT on", "off/on", "KV/GPU", "KV read", "floor")
