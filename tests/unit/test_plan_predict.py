@@ -6,7 +6,11 @@ import pytest
 from disagg_connector.plan import catalog
 from disagg_connector.plan.calibration import CALIBRATED, published_deployment
 from disagg_connector.plan.catalog import Fabric
-from disagg_connector.plan.physics import Efficiency
+from disagg_connector.plan.physics import (
+    Efficiency,
+    kv_bytes_per_token_per_gpu,
+    weight_bytes_streamed,
+)
 from disagg_connector.plan.predict import Deployment, predict, recompute_threshold, turn_costs
 
 
@@ -52,15 +56,24 @@ def test_threshold_is_the_break_even_block() -> None:
     assert threshold is not None and threshold % qwen.block == 0
 
     def read_minus_recompute(tokens: int) -> float:
-        read = qwen.transfer(tokens).seconds(CALIBRATED)
-        return read - qwen.compute(0, tokens).seconds(CALIBRATED)
+        reuse = qwen.transfer(tokens) + qwen.compute(tokens, qwen.suffix_tokens)
+        recompute = qwen.compute(0, tokens + qwen.suffix_tokens)
+        return reuse.seconds(CALIBRATED) - recompute.seconds(CALIBRATED)
 
     assert read_minus_recompute(threshold) <= 0 < read_minus_recompute(threshold - qwen.block)
 
 
-def test_threshold_without_overhead_is_one_block() -> None:
-    qwen = published_deployment("qwen3-32b")
+def test_threshold_without_overhead_and_a_compute_bound_suffix_is_one_block() -> None:
+    qwen = Deployment(
+        catalog.model("qwen3-32b"), catalog.gpu("h200"), 8, catalog.fabric("p5en-efa"), 4096
+    )
     assert recompute_threshold(qwen, Efficiency(0.2, 1.0, 0.0)) == qwen.block
+
+
+def test_a_memory_bound_suffix_pass_makes_short_recompute_free() -> None:
+    qwen = published_deployment("qwen3-32b")
+    threshold = recompute_threshold(qwen, Efficiency(0.2, 1.0, 0.0))
+    assert threshold is not None and threshold > qwen.block
 
 
 def test_a_slow_link_never_pays_off() -> None:
@@ -69,16 +82,42 @@ def test_a_slow_link_never_pays_off() -> None:
     assert recompute_threshold(qwen, CALIBRATED) is None
 
 
-def test_faster_hbm_alone_does_not_change_a_compute_bound_prefill() -> None:
+def test_prefill_passes_take_the_longer_of_flops_and_hbm_traffic() -> None:
     fabric = catalog.fabric("p5en-efa")
-    on_h100 = Deployment(catalog.model("qwen3-32b"), catalog.gpu("h100"), 8, fabric)
-    on_h200 = Deployment(catalog.model("qwen3-32b"), catalog.gpu("h200"), 8, fabric)
-    assert predict(on_h100, CALIBRATED, 8000) == predict(on_h200, CALIBRATED, 8000)
+    glm = catalog.model("glm-5-fp8")
+    on_h100 = Deployment(glm, catalog.gpu("h100"), 8, fabric)
+    on_h200 = Deployment(glm, catalog.gpu("h200"), 8, fabric)
+    # A long pass is compute-bound: the same FLOP peaks give the same time.
+    assert on_h100.compute(0, 8192).compute_s == on_h200.compute(0, 8192).compute_s
+    # A 140-token suffix streams (nearly) every expert: HBM-bound, 4.8 / 3.35 TB/s apart.
+    short_h100 = on_h100.compute(20000, 140).compute_s
+    short_h200 = on_h200.compute(20000, 140).compute_s
+    assert short_h100 / short_h200 == pytest.approx(4.8 / 3.35)
+    streamed = weight_bytes_streamed(glm, 140) / 8 + 20140 * kv_bytes_per_token_per_gpu(glm, 8)
+    assert short_h200 == pytest.approx(streamed / 4.8e12)
+    # Passes split at --max-batched-tokens and add up.
+    chunked = Deployment(glm, catalog.gpu("h200"), 8, fabric, max_batched_tokens=4096)
+    first, second = chunked.compute(0, 4096), chunked.compute(4096, 4096)
+    assert chunked.compute(0, 8192).compute_s == pytest.approx(first.compute_s + second.compute_s)
+
+
+def test_moe_passes_touch_more_experts_with_more_tokens() -> None:
+    glm = catalog.model("glm-5-fp8")
+    assert weight_bytes_streamed(glm, 1) < weight_bytes_streamed(glm, 64)
+    # Thousands of tokens touch every expert: the whole FP8 model, ~744 GB less embeddings.
+    assert weight_bytes_streamed(glm, 8192) == pytest.approx(glm.params - glm.embedding_params)
+    qwen = catalog.model("qwen3-32b")
+    assert weight_bytes_streamed(qwen, 1) == weight_bytes_streamed(qwen, 8192)
 
 
 @pytest.mark.parametrize(
     ("field", "value", "message"),
-    [("tp", 0, "--tp"), ("suffix_tokens", 0, "--suffix-tokens"), ("block_tokens", -1, "--block")],
+    [
+        ("tp", 0, "--tp"),
+        ("suffix_tokens", 0, "--suffix-tokens"),
+        ("block_tokens", -1, "--block"),
+        ("max_batched_tokens", 0, "--max-batched-tokens"),
+    ],
 )
 def test_deployment_rejects_bad_values(field: str, value: int, message: str) -> None:
     kwargs = {

@@ -11,6 +11,7 @@ from disagg_connector.plan import calibration, catalog
 from disagg_connector.plan.model_spec import ModelConfigError, parse_dtype
 from disagg_connector.plan.physics import Efficiency
 from disagg_connector.plan.predict import (
+    DEFAULT_MAX_BATCHED_TOKENS,
     DEFAULT_SUFFIX_TOKENS,
     Deployment,
     predict,
@@ -73,13 +74,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=0,
         help="KV block size in tokens (default: vLLM's, 16; 64 for MLA)",
     )
+    parser.add_argument(
+        "--max-batched-tokens",
+        type=int,
+        default=DEFAULT_MAX_BATCHED_TOKENS,
+        help="vLLM --max-num-batched-tokens: tokens per prefill pass "
+        f"(default {DEFAULT_MAX_BATCHED_TOKENS}, vLLM's on 80+ GB GPUs)",
+    )
     parser.add_argument("--kv-dtype", help="KV-cache dtype (default: the model's activation dtype)")
     calibrated = calibration.CALIBRATED
     parser.add_argument(
         "--compute-efficiency",
         type=float,
         default=calibrated.compute,
-        help=f"achieved fraction of peak FLOP/s (calibrated: {calibrated.compute:.4f})",
+        help="achieved fraction of the roofline (peak FLOP/s or HBM bandwidth) "
+        f"(calibrated: {calibrated.compute:.4f})",
     )
     parser.add_argument(
         "--link-efficiency",
@@ -116,6 +125,7 @@ def build_plan(args: argparse.Namespace) -> Plan:
         fabric=catalog.fabric(args.fabric),
         suffix_tokens=args.suffix_tokens,
         block_tokens=args.block_size,
+        max_batched_tokens=args.max_batched_tokens,
     )
     eff = Efficiency(args.compute_efficiency, args.link_efficiency, args.fixed_overhead_ms / 1e3)
     predictions = [predict(deployment, eff, n) for n in args.lengths]

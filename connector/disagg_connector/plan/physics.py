@@ -9,7 +9,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from disagg_connector.plan.model_spec import AttentionKind, ModelSpec, indexer_bytes_per_token_layer
+from disagg_connector.plan.model_spec import (
+    DTYPE_BYTES,
+    AttentionKind,
+    ModelSpec,
+    indexer_bytes_per_token_layer,
+)
 
 
 @dataclass(frozen=True)
@@ -102,6 +107,26 @@ def prefill_flops(spec: ModelSpec, context: int, new: int) -> float:
     """FLOPs to prefill ``new`` tokens attending to ``context`` cached tokens plus themselves."""
     linear = 2.0 * spec.matmul_params_per_token * new
     return linear + attention_flops(spec, context, new)
+
+
+def weight_bytes_streamed(spec: ModelSpec, tokens: int) -> float:
+    """Weight bytes a forward pass over ``tokens`` tokens reads from HBM (all ranks together).
+
+    Attention, dense MLP, shared-expert and router weights are read once per pass; a routed
+    expert only if a token picked it: expected fraction ``1 - (1 - top_k / experts)**tokens``.
+    """
+    dtype_bytes = DTYPE_BYTES[spec.weight_dtype]
+    always = spec.layers * spec.attention_params()
+    moe = spec.moe
+    if moe is None:
+        return float(dtype_bytes * (always + spec.mlp_params()[0]))
+    expert = 3 * spec.hidden_size * moe.expert_intermediate
+    moe_layers = spec.layers - moe.dense_layers
+    dense_mlp = moe.dense_layers * 3 * spec.hidden_size * spec.intermediate_size
+    shared = moe_layers * (moe.shared_experts * expert + spec.hidden_size * moe.experts)
+    touched = 1 - (1 - moe.experts_per_token / moe.experts) ** tokens
+    routed = moe_layers * moe.experts * expert * touched
+    return dtype_bytes * (always + dense_mlp + shared + routed)
 
 
 def kv_bytes_per_token_per_gpu(spec: ModelSpec, tp: int) -> int:

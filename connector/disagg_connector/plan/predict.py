@@ -2,6 +2,8 @@
 
 One conversation turn of ``prompt`` tokens, of which the last ``suffix`` are new this turn:
 
+* Prefill runs in passes of at most ``max_batched_tokens`` tokens; each pass costs its FLOPs
+  at peak or its HBM traffic (weights streamed, KV attended) at peak, whichever is longer.
 * OFF (full recompute, prefill cache evicted): ``prefill_off = step + C(0, prompt)``.
 * ON: prefill READs the reused prefix from decode (``kv_read = step + bytes/link``), then
   computes the suffix attending to the whole context: ``prefill_on = step + kv_read +
@@ -10,7 +12,7 @@ One conversation turn of ``prompt`` tokens, of which the last ``suffix`` are new
 * Both legs then hand the new suffix's KV to decode (``step + bytes/link``; decode keeps the
   earlier turns' blocks) before the first token: ``ttft = prefill + handoff``.
 
-``C(context, new)`` is prefill FLOPs over TP GPUs at peak; ``step`` is one fixed overhead.
+``C(context, new)`` is that roofline time over the TP group; ``step`` is one fixed overhead.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from disagg_connector.plan.physics import (
     Efficiency,
     kv_bytes_per_token_per_gpu,
     prefill_flops,
+    weight_bytes_streamed,
 )
 
 # New tokens per turn in vLLM's multi-turn benchmark config (benchmarks/multi_turn/
@@ -33,6 +36,9 @@ DEFAULT_SUFFIX_TOKENS = 140
 # vLLM's KV block sizes: 16 on CUDA by default; FlashMLA (MLA models) needs 64.
 DEFAULT_BLOCK_TOKENS = 16
 MLA_BLOCK_TOKENS = 64
+# vLLM's default --max-num-batched-tokens for the OpenAI server on GPUs of 70 GiB and more
+# (EngineArgs defaults: H100/H200 8192): a prefill runs in passes of at most this many tokens.
+DEFAULT_MAX_BATCHED_TOKENS = 8192
 # Search cap for the recompute threshold: past this, reuse never beats recompute.
 _THRESHOLD_CAP_TOKENS = 1 << 24
 
@@ -47,6 +53,7 @@ class Deployment:
     fabric: Fabric
     suffix_tokens: int = DEFAULT_SUFFIX_TOKENS
     block_tokens: int = 0
+    max_batched_tokens: int = DEFAULT_MAX_BATCHED_TOKENS
 
     def __post_init__(self) -> None:
         if self.tp < 1:
@@ -55,6 +62,8 @@ class Deployment:
             raise ValueError(f"--suffix-tokens must be >= 1, got {self.suffix_tokens}")
         if self.block_tokens < 0:
             raise ValueError(f"--block-size must be >= 1, got {self.block_tokens}")
+        if self.max_batched_tokens < 1:
+            raise ValueError(f"--max-batched-tokens must be >= 1, got {self.max_batched_tokens}")
 
     @property
     def block(self) -> int:
@@ -71,8 +80,22 @@ class Deployment:
         return self.tp * self.gpu.peak_for(self.model.weight_dtype)
 
     def compute(self, context: int, new: int) -> Cost:
-        """Prefill of ``new`` tokens after ``context`` cached ones, in seconds at peak."""
-        return Cost(compute_s=prefill_flops(self.model, context, new) / self.peak_flops)
+        """Prefill of ``new`` tokens after ``context`` cached ones, in seconds at the roofline.
+
+        vLLM runs it in passes of at most ``max_batched_tokens``; each pass takes the longer of
+        its FLOPs at peak and its HBM traffic (weights, plus the KV it attends to) at peak.
+        """
+        seconds = 0.0
+        done = 0
+        while done < new:
+            chunk = min(self.max_batched_tokens, new - done)
+            start = context + done
+            flops_s = prefill_flops(self.model, start, chunk) / self.peak_flops
+            hbm_bytes = weight_bytes_streamed(self.model, chunk) / self.tp
+            hbm_bytes += (start + chunk) * kv_bytes_per_token_per_gpu(self.model, self.tp)
+            seconds += max(flops_s, hbm_bytes / self.gpu.hbm_bytes_per_s)
+            done += chunk
+        return Cost(compute_s=seconds)
 
     def kv_bytes_per_gpu(self, tokens: int) -> int:
         """Bytes each GPU reads to move ``tokens`` tokens of KV (all GPUs read in parallel)."""
@@ -172,16 +195,18 @@ def predict(deployment: Deployment, eff: Efficiency, prompt: int) -> Prediction:
 def recompute_threshold(deployment: Deployment, eff: Efficiency) -> int | None:
     """Smallest reusable prefix (whole blocks) whose READ beats recomputing it; None if never.
 
-    Reading ``k`` tokens costs ``step + bytes(k)/link``; recomputing them costs ``C(0, k)``
-    (the suffix attends to them either way). Below the returned count, recompute is cheaper:
-    set it as ``recomputeThresholdTokens`` (vLLM's ``kv_recompute_threshold``).
+    With ``k`` reusable tokens and this turn's suffix ``s``, reuse costs ``X(k) + C(k, s)`` and
+    recompute ``C(0, k + s)`` (the prefix rides in the suffix's passes, so a memory-bound pass
+    makes recomputing short prefixes nearly free). Below the returned count recompute is
+    cheaper: set it as ``recomputeThresholdTokens`` (vLLM's ``kv_recompute_threshold``).
     """
     block = deployment.block
+    suffix = deployment.suffix_tokens
 
     def read_wins(blocks: int) -> bool:
         tokens = blocks * block
-        read = deployment.transfer(tokens).seconds(eff)
-        return read <= deployment.compute(0, tokens).seconds(eff)
+        reuse = deployment.transfer(tokens) + deployment.compute(tokens, suffix)
+        return reuse.seconds(eff) <= deployment.compute(0, tokens + suffix).seconds(eff)
 
     high = 1
     while not read_wins(high):

@@ -53,7 +53,7 @@ def _describe_deployment(deployment: Deployment) -> str:
 def describe_efficiency(eff: Efficiency) -> str:
     """The three constants in words."""
     return (
-        f"compute {eff.compute:.1%} of peak FLOP/s, link {eff.link:.1%} of line rate, "
+        f"compute {eff.compute:.1%} of the roofline, link {eff.link:.1%} of line rate, "
         f"fixed overhead {eff.fixed_overhead_s * 1e3:.1f} ms per step"
     )
 
