@@ -71,11 +71,12 @@ MODEL_CONFIGS: dict[str, dict[str, Any]] = {
 
 @dataclass(frozen=True)
 class Gpu:
-    """Dense tensor-core peaks and HBM bandwidth of one GPU."""
+    """Dense tensor-core peaks, HBM bandwidth and NVLink bandwidth (one direction) of one GPU."""
 
     name: str
     peak_flops: Mapping[str, float]
     hbm_bytes_per_s: float
+    nvlink_bytes_per_s: float
 
     def peak_for(self, dtype: str) -> float:
         """Peak dense FLOP/s for matmuls in ``dtype`` (fp8 weights run fp8 tensor cores)."""
@@ -83,10 +84,11 @@ class Gpu:
 
 
 # NVIDIA H100 and H200 SXM datasheets: FP8 3,958 and BF16 1,979 TFLOPS are quoted *with*
-# 2:4 sparsity; dense is half. HBM: H100 SXM 3.35 TB/s, H200 4.8 TB/s.
+# 2:4 sparsity; dense is half. HBM: H100 SXM 3.35 TB/s, H200 4.8 TB/s. NVLink 4: 900 GB/s
+# per GPU both directions together, 450 GB/s each way.
 GPUS: dict[str, Gpu] = {
-    "h100": Gpu("NVIDIA H100 SXM", {"bf16": 989.5e12, "fp8": 1979e12}, 3.35e12),
-    "h200": Gpu("NVIDIA H200 SXM", {"bf16": 989.5e12, "fp8": 1979e12}, 4.8e12),
+    "h100": Gpu("NVIDIA H100 SXM", {"bf16": 989.5e12, "fp8": 1979e12}, 3.35e12, 450e9),
+    "h200": Gpu("NVIDIA H200 SXM", {"bf16": 989.5e12, "fp8": 1979e12}, 4.8e12, 450e9),
 }
 
 

@@ -3,7 +3,8 @@
 One conversation turn of ``prompt`` tokens, of which the last ``suffix`` are new this turn:
 
 * Prefill runs in passes of at most ``max_batched_tokens`` tokens; each pass costs its FLOPs
-  at peak or its HBM traffic (weights streamed, KV attended) at peak, whichever is longer.
+  at peak or its HBM traffic (weights streamed, KV attended) at peak, whichever is longer,
+  plus its two activation all-reduces per layer over NVLink.
 * OFF (full recompute, prefill cache evicted): ``prefill_off = step + C(0, prompt)``.
 * ON: prefill READs the reused prefix from decode (``kv_read = step + bytes/link``), then
   computes the suffix attending to the whole context: ``prefill_on = step + kv_read +
@@ -39,6 +40,8 @@ MLA_BLOCK_TOKENS = 64
 # vLLM's default --max-num-batched-tokens for the OpenAI server on GPUs of 70 GiB and more
 # (EngineArgs defaults: H100/H200 8192): a prefill runs in passes of at most this many tokens.
 DEFAULT_MAX_BATCHED_TOKENS = 8192
+# Activations cross the TP all-reduces in bf16.
+ACTIVATION_BYTES = 2
 # Search cap for the recompute threshold: past this, reuse never beats recompute.
 _THRESHOLD_CAP_TOKENS = 1 << 24
 
@@ -83,7 +86,8 @@ class Deployment:
         """Prefill of ``new`` tokens after ``context`` cached ones, in seconds at the roofline.
 
         vLLM runs it in passes of at most ``max_batched_tokens``; each pass takes the longer of
-        its FLOPs at peak and its HBM traffic (weights, plus the KV it attends to) at peak.
+        its FLOPs at peak and its HBM traffic (weights, plus the KV it attends to) at peak, then
+        its tensor-parallel all-reduces over NVLink (vLLM does not overlap them).
         """
         seconds = 0.0
         done = 0
@@ -94,8 +98,17 @@ class Deployment:
             hbm_bytes = weight_bytes_streamed(self.model, chunk) / self.tp
             hbm_bytes += (start + chunk) * kv_bytes_per_token_per_gpu(self.model, self.tp)
             seconds += max(flops_s, hbm_bytes / self.gpu.hbm_bytes_per_s)
+            seconds += self.all_reduce_s(chunk)
             done += chunk
         return Cost(compute_s=seconds)
+
+    def all_reduce_s(self, tokens: int) -> float:
+        """Two all-reduces of the activations per layer across the TP group (ring, NVLink)."""
+        if self.tp == 1:
+            return 0.0
+        activations = tokens * self.model.hidden_size * ACTIVATION_BYTES
+        ring = 2 * (self.tp - 1) / self.tp * activations
+        return 2 * self.model.layers * ring / self.gpu.nvlink_bytes_per_s
 
     def kv_bytes_per_gpu(self, tokens: int) -> int:
         """Bytes each GPU reads to move ``tokens`` tokens of KV (all GPUs read in parallel)."""
@@ -196,8 +209,8 @@ def recompute_threshold(deployment: Deployment, eff: Efficiency) -> int | None:
     """Smallest reusable prefix (whole blocks) whose READ beats recomputing it; None if never.
 
     With ``k`` reusable tokens and this turn's suffix ``s``, reuse costs ``X(k) + C(k, s)`` and
-    recompute ``C(0, k + s)`` (the prefix rides in the suffix's passes, so a memory-bound pass
-    makes recomputing short prefixes nearly free). Below the returned count recompute is
+    recompute ``C(0, k + s)`` (the prefix rides in the suffix's passes: in an HBM-bound pass
+    it adds only its all-reduce traffic). Below the returned count recompute is
     cheaper: set it as ``recomputeThresholdTokens`` (vLLM's ``kv_recompute_threshold``).
     """
     block = deployment.block

@@ -228,7 +228,7 @@ def calibration_text(report: CalibrationReport) -> str:
         f"{_verdict(report.cross_model_max_error(), calibration.CROSS_MODEL_BOUND)}",
         "each model fitted alone, worst own point: "
         f"Qwen3-32B {qwen_self:.0%}, GLM-5-FP8 {glm_self:.0%}",
-        f"implied compute efficiency: Qwen3-32B {report.qwen_only.compute:.1%} of BF16 peak, "
-        f"GLM-5-FP8 {glm_alone.compute:.1%} of FP8 peak",
+        f"implied compute efficiency: Qwen3-32B {report.qwen_only.compute:.1%}, "
+        f"GLM-5-FP8 {glm_alone.compute:.1%} of the roofline",
     ]
     return "\n".join(lines) + "\n"
