@@ -63,6 +63,17 @@ def test_bad_input_names_the_problem(
     assert message in capsys.readouterr().err
 
 
+def test_fabric_overrides_change_the_floor(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([*QWEN_ARGS, "--lengths", "24k", "--json", "-"]) == 0
+    base = json.loads(capsys.readouterr().out)["predictions"][0]
+    assert main([*QWEN_ARGS, "--lengths", "24k", "--rails-per-gpu", "4", "--json", "-"]) == 0
+    wider = json.loads(capsys.readouterr().out)
+    assert wider["deployment"]["link_bytes_per_s_per_gpu"] == 100e9
+    assert wider["predictions"][0]["kv_floor_ms"] == pytest.approx(base["kv_floor_ms"] / 2)
+    assert main([*QWEN_ARGS, "--rail-gbps", "0"]) == 2
+    assert "--rail-gbps must be > 0" in capsys.readouterr().err
+
+
 def test_bad_length_is_an_argument_error(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         main([*QWEN_ARGS, "--lengths", "2k,lots"])

@@ -57,6 +57,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--fabric", default="p5en-efa", help=f"one of {', '.join(sorted(catalog.FABRICS))}"
     )
     parser.add_argument(
+        "--rails-per-gpu", type=int, help="override the fabric's RDMA rails per GPU"
+    )
+    parser.add_argument(
+        "--rail-gbps", type=float, help="override the fabric's bandwidth per rail, Gb/s"
+    )
+    parser.add_argument(
         "--lengths",
         type=parse_lengths,
         default=parse_lengths("2k,8k,16k,24k"),
@@ -113,6 +119,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _fabric(args: argparse.Namespace) -> catalog.Fabric:
+    fabric = catalog.fabric(args.fabric)
+    rails = fabric.rails_per_gpu if args.rails_per_gpu is None else args.rails_per_gpu
+    gbps = fabric.rail_gbit_per_s if args.rail_gbps is None else args.rail_gbps
+    if rails < 1:
+        raise ValueError(f"--rails-per-gpu must be >= 1, got {rails}")
+    if gbps <= 0:
+        raise ValueError(f"--rail-gbps must be > 0, got {gbps}")
+    if (rails, gbps) == (fabric.rails_per_gpu, fabric.rail_gbit_per_s):
+        return fabric
+    return catalog.Fabric(f"{args.fabric}: {rails} x {gbps:g} Gb/s per GPU", rails, gbps)
+
+
 def build_plan(args: argparse.Namespace) -> Plan:
     """The plan the arguments describe; bad values raise ``ModelConfigError`` or ``ValueError``."""
     if not args.model:
@@ -122,7 +141,7 @@ def build_plan(args: argparse.Namespace) -> Plan:
         model=catalog.model(args.model, kv_dtype),
         gpu=catalog.gpu(args.gpu),
         tp=args.tp,
-        fabric=catalog.fabric(args.fabric),
+        fabric=_fabric(args),
         suffix_tokens=args.suffix_tokens,
         block_tokens=args.block_size,
         max_batched_tokens=args.max_batched_tokens,
