@@ -200,7 +200,7 @@ def predict(deployment: Deployment, eff: Efficiency, prompt: int) -> Prediction:
         prefill_off_ms=ms(costs.prefill_off),
         prefill_on_ms=ms(costs.prefill_on),
         kv_transfer_ms=ms(costs.kv_transfer),
-        kv_floor_ms=costs.kv_transfer.link_s * 1e3,
+        kv_floor_ms=costs.kv_transfer.floor_s * 1e3,
         kv_bytes_per_gpu=deployment.kv_bytes_per_gpu(costs.reused_tokens),
     )
 
