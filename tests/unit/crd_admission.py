@@ -16,6 +16,9 @@ from typing import Any
 import celpy
 import jsonschema
 import yaml
+from celpy.adapter import json_to_cel
+from celpy.celtypes import BoolType
+from celpy.evaluation import CELEvalError
 from disagg_operator.crd_gen import crd_yaml
 from disagg_operator.errors import field_path
 
@@ -84,10 +87,10 @@ def cel_failures(obj: Any, schema: Schema, loc: list[int | str]) -> Iterator[str
     """`path: message` for every CEL rule that does not hold on `obj` or below it."""
     for rule in schema.get("x-kubernetes-validations", []):
         try:
-            result = _program(rule["rule"]).evaluate({"self": celpy.json_to_cel(obj)})
-        except celpy.CELEvalError:  # e.g. "no such key": the API server refuses those too
+            result = _program(rule["rule"]).evaluate({"self": json_to_cel(obj)})
+        except CELEvalError:  # e.g. "no such key": the API server refuses those too
             result = None
-        if not (isinstance(result, celpy.celtypes.BoolType) and bool(result)):
+        if not (isinstance(result, BoolType) and bool(result)):
             path = field_path([*loc, *rule.get("fieldPath", "").lstrip(".").split(".")])
             yield f"{path}: {rule['message']}"
     if isinstance(obj, dict):

@@ -37,7 +37,8 @@ def _nodes(schema: Schema, path: str = "") -> Iterator[tuple[str, Schema]]:
 
 
 def _rule_models() -> list[type[ApiModel]]:
-    found, pending = [], [ApiModel]
+    found: list[type[ApiModel]] = []
+    pending: list[type[ApiModel]] = [ApiModel]
     while pending:
         cls = pending.pop()
         pending.extend(cls.__subclasses__())

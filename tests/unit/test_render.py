@@ -372,11 +372,13 @@ def test_prefill_and_decode_share_a_zone() -> None:
 
 
 def test_user_affinity_is_kept_and_own_pod_affinity_wins() -> None:
-    node_affinity = {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": []}}
+    node_affinity: dict[str, Any] = {
+        "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": []}
+    }
     affinity = pod({"decode": {"affinity": {"nodeAffinity": node_affinity}}}, "decode")["affinity"]
     assert affinity["nodeAffinity"] == node_affinity
     assert "podAffinity" in affinity
-    own = {"podAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": []}}
+    own: dict[str, Any] = {"podAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": []}}
     assert pod({"decode": {"affinity": own}}, "decode")["affinity"] == own
 
 
