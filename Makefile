@@ -52,6 +52,20 @@ cluster-down:
 test-cluster: venv cluster-bin
 	$(BIN)/pytest tests/cluster
 
+## ---- Chart -------------------------------------------------------------------
+# The Helm chart (charts/disagg-operator) and the plain path built from it: its crds/ is a copy of
+# crds/ and deploy/disagg-operator.yaml is its `helm template` output (unit tests fail on drift).
+CHART := charts/disagg-operator
+.PHONY: chart-sync chart-lint
+
+chart-sync: crds cluster-bin
+	rm -f $(CHART)/crds/*.yaml
+	cp crds/*.yaml $(CHART)/crds/
+	bash deploy/render.sh > deploy/disagg-operator.yaml
+
+chart-lint: cluster-bin
+	bash -c 'source tests/cluster/env.sh && "$$CLUSTER_BIN/helm" lint --strict $(CHART)'
+
 ## ---- Demo ------------------------------------------------------------------
 demo: venv
 	$(BIN)/disagg render -f examples/qwen3-32b-p5en.yaml --summary

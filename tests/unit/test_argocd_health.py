@@ -104,6 +104,6 @@ def test_object_without_generation_is_judged_by_conditions() -> None:
 
 def test_statuses_are_argo_cd_health_codes() -> None:
     codes = {"Healthy", "Progressing", "Degraded", "Suspended", "Missing", "Unknown"}
-    seen = {health(_model(2, case.values[0]))["status"] for case in CASES}
+    seen = {health(_model(2, case.values[0]))["status"] for case in CASES}  # type: ignore[arg-type]
     assert seen <= codes
     assert seen == {"Healthy", "Progressing", "Degraded"}
