@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gc
 import json
+import tracemalloc
 from collections.abc import Iterator
 from typing import Any
 
@@ -177,3 +179,27 @@ def test_router_is_healthy_after_the_fuzzing(rig: RouterRig, client: httpx.Clien
 def rig_replicas(rig: RouterRig) -> list[Any]:
     state = rig.routers[0].app_state()
     return [*state.prefill.members(), *state.decode.members()]
+
+
+def test_bad_and_good_requests_do_not_leak_memory(rig: RouterRig, client: httpx.Client) -> None:
+    for engine in rig.prefill + rig.decode:
+        engine.state.record = False  # the stand-ins' request log would read as a leak
+    bad = [b"{", b"[1]", json.dumps({"model": MODEL}).encode(), b"x" * (MAX_BODY + 1)]
+    good = json.dumps({"model": MODEL, "messages": MESSAGES}).encode()
+
+    def burst(rounds: int) -> None:
+        for _ in range(rounds):
+            for body in [*bad, good]:
+                client.post(CHAT, content=body, headers={"Content-Type": "application/json"})
+
+    burst(50)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        burst(200)
+        gc.collect()
+        grown = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert grown < 256 * 1024, f"{grown} bytes kept after 1000 requests"
