@@ -1,4 +1,4 @@
-"""The operator package's `disagg` subcommands: `render`."""
+"""The operator package's `disagg` subcommands: `render` and `operator`."""
 
 from __future__ import annotations
 
@@ -20,6 +20,17 @@ def register(subparsers: Any) -> None:
         "--summary", action="store_true", help="print a table of kind, name and key facts"
     )
     parser.set_defaults(func=run_render)
+
+    operator = subparsers.add_parser(
+        "operator",
+        help="run the operator (kopf) against the current kubeconfig or in-cluster",
+        description="Reconcile DisaggregatedModels: apply their children with server-side "
+        "apply, keep status current, repair drift.",
+    )
+    from disagg_operator.options import add_arguments
+
+    add_arguments(operator)
+    operator.set_defaults(func=run_operator)
 
 
 def run_render(args: argparse.Namespace) -> int:
@@ -52,3 +63,10 @@ def run_render(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(yaml.safe_dump_all(manifests, sort_keys=False))
     return 0
+
+
+def run_operator(args: argparse.Namespace) -> int:
+    """Run the kopf operator until it is stopped."""
+    from disagg_operator.runner import run
+
+    return run(args)

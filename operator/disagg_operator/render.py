@@ -52,6 +52,14 @@ ENGINE_PORT_NAME = "http"
 CONNECTOR_VOLUME = "connector-config"
 CACHE_VOLUME = "model-cache"
 SHM_VOLUME = "dshm"
+ROUTER_RULES: list[dict[str, list[str]]] = [
+    {
+        "apiGroups": ["discovery.k8s.io"],
+        "resources": ["endpointslices"],
+        "verbs": ["get", "list", "watch"],
+    }
+]
+"""The router's Role: it discovers prefill and decode pods from their EndpointSlices."""
 
 
 def _to_yaml(value: Any) -> str:
@@ -303,7 +311,7 @@ def _router(name: str, namespace: str, spec: DisaggregatedModelSpec) -> list[Man
     )
     return [
         _render("router/serviceaccount.yaml.j2", **common),
-        _render("router/role.yaml.j2", **common),
+        _render("router/role.yaml.j2", **common, rules=ROUTER_RULES),
         _render("router/rolebinding.yaml.j2", **common),
         _render(
             "router/service.yaml.j2",

@@ -1,0 +1,259 @@
+"""The DisaggregatedModel's status from what the cluster shows (pure; no API calls).
+
+Conditions follow the Kubernetes conventions: `Ready`, `Progressing`, `Degraded` and one per
+role (`PrefillReady`, `DecodeReady`, `RouterReady`); each reason is one CamelCase word and each
+message says what is wrong and, where the operator knows, what to do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from disagg_operator.models import (
+    Condition,
+    ConditionType,
+    DisaggregatedModelSpec,
+    DisaggregatedModelStatus,
+)
+from disagg_operator.names import Component
+
+ROLE_CONDITIONS: dict[Component, ConditionType] = {
+    Component.PREFILL: "PrefillReady",
+    Component.DECODE: "DecodeReady",
+    Component.ROUTER: "RouterReady",
+}
+FAILING_WAIT_REASONS = frozenset(
+    {
+        "CrashLoopBackOff",
+        "CreateContainerConfigError",
+        "CreateContainerError",
+        "ErrImagePull",
+        "ImagePullBackOff",
+        "InvalidImageName",
+        "RunContainerError",
+    }
+)
+"""Container waiting reasons that need a person (the pod will not get better by itself)."""
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Something that keeps the model from being realized; `reason` is the condition reason."""
+
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class PodState:
+    """What status needs from one pod."""
+
+    name: str
+    component: str
+    ready: bool
+    detail: str = ""
+    failing: bool = False
+
+
+def pod_state(pod: Mapping[str, Any], component: str) -> PodState:
+    """Summarise a pod: ready or not, and the most useful reason when not."""
+    name = pod["metadata"]["name"]
+    status = pod.get("status") or {}
+    conditions = {c.get("type"): c for c in status.get("conditions") or []}
+    if pod.get("metadata", {}).get("deletionTimestamp"):
+        return PodState(name, component, ready=False, detail="terminating")
+    ready = conditions.get("Ready", {}).get("status") == "True"
+    scheduled = conditions.get("PodScheduled", {})
+    if scheduled.get("status") == "False":
+        message = scheduled.get("message") or scheduled.get("reason") or "not scheduled"
+        return PodState(name, component, ready, f"unschedulable: {message}")
+    for container in status.get("containerStatuses") or []:
+        waiting = (container.get("state") or {}).get("waiting")
+        if waiting and waiting.get("reason"):
+            reason = waiting["reason"]
+            detail = f"{reason}: {waiting.get('message', '')}".rstrip(": ")
+            return PodState(name, component, ready, detail, reason in FAILING_WAIT_REASONS)
+    return PodState(name, component, ready, "" if ready else f"phase {status.get('phase')}")
+
+
+@dataclass(frozen=True)
+class Observed:
+    """Everything status is built from."""
+
+    spec: DisaggregatedModelSpec
+    name: str
+    namespace: str
+    generation: int
+    workloads: Mapping[Component, Mapping[str, Any] | None]
+    pods: Sequence[PodState] = ()
+    problems: Sequence[Problem] = ()
+    in_sync: bool = False
+    """Every child was applied as the current generation wants."""
+    config_hash: str | None = None
+    previous: DisaggregatedModelStatus = field(default_factory=DisaggregatedModelStatus)
+
+
+@dataclass(frozen=True)
+class _RoleView:
+    desired: int
+    ready: int
+    ok: bool
+    reason: str
+    message: str
+
+
+def _desired_replicas(spec: DisaggregatedModelSpec, component: Component) -> int:
+    if component is Component.PREFILL:
+        return spec.prefill.replicas
+    if component is Component.DECODE:
+        return spec.decode.replicas
+    return spec.router.replicas
+
+
+def _role_view(observed: Observed, component: Component) -> _RoleView:
+    desired = _desired_replicas(observed.spec, component)
+    workload = observed.workloads.get(component)
+    if workload is None:
+        return _RoleView(desired, 0, False, "NotCreated", f"{component}: workload not created yet")
+    kind = workload.get("kind", "workload")
+    status = workload.get("status") or {}
+    ready = int(status.get("readyReplicas") or 0)
+    updated = int(status.get("updatedReplicas") or 0)
+    seen = int(status.get("observedGeneration") or 0)
+    generation = int(workload.get("metadata", {}).get("generation") or 0)
+    if seen < generation:
+        return _RoleView(
+            desired, ready, False, "RolloutPending", f"{kind} change not yet seen by its controller"
+        )
+    if ready >= desired and updated >= desired and int(status.get("replicas") or 0) == desired:
+        return _RoleView(desired, ready, True, "AllReplicasReady", f"{ready}/{desired} ready")
+    waiting = [p for p in observed.pods if p.component == component and not p.ready]
+    why = f"; pod {waiting[0].name}: {waiting[0].detail}" if waiting else ""
+    return _RoleView(
+        desired,
+        ready,
+        False,
+        "ReplicasNotReady",
+        f"{ready}/{desired} ready, {updated}/{desired} updated{why}",
+    )
+
+
+def _condition(
+    previous: DisaggregatedModelStatus,
+    type_: ConditionType,
+    ok: bool,
+    reason: str,
+    message: str,
+    generation: int,
+    now: str,
+) -> Condition:
+    status: Literal["True", "False"] = "True" if ok else "False"
+    before = next((c for c in previous.conditions if c.type == type_), None)
+    changed = before is None or before.status != status
+    since = now if changed or before is None else before.last_transition_time
+    return Condition.model_validate(
+        {
+            "type": type_,
+            "status": status,
+            "reason": reason,
+            "message": message[:32768],
+            "lastTransitionTime": since,
+            "observedGeneration": generation,
+        }
+    )
+
+
+def router_endpoint(spec: DisaggregatedModelSpec, name: str, namespace: str) -> str:
+    """The in-cluster URL clients call."""
+    return f"http://{name}-{Component.ROUTER}.{namespace}.svc:{spec.router.port}"
+
+
+def _problems(observed: Observed) -> list[Problem]:
+    failing = [p for p in observed.pods if p.failing]
+    return [
+        *observed.problems,
+        *(Problem("PodFailing", f"pod {p.name}: {p.detail}") for p in failing[:3]),
+    ]
+
+
+def _join(parts: Iterable[str]) -> str:
+    return "; ".join(parts)
+
+
+def build_status(observed: Observed, now: str) -> DisaggregatedModelStatus:
+    """The status the operator writes for `observed` (`now`: RFC 3339 time of this pass)."""
+    gen = observed.generation
+    prev = observed.previous
+    views = {component: _role_view(observed, component) for component in ROLE_CONDITIONS}
+    problems = _problems(observed)
+    generation_done = observed.in_sync and not observed.problems
+    observed_generation = gen if generation_done else prev.observed_generation
+    roles_ok = all(view.ok for view in views.values())
+    ready = roles_ok and not problems and observed_generation == gen
+    not_ready = [f"{component}: {view.message}" for component, view in views.items() if not view.ok]
+    conditions = [
+        _condition(prev, ROLE_CONDITIONS[c], v.ok, v.reason, v.message, gen, now)
+        for c, v in views.items()
+    ]
+    if problems:
+        degraded = _condition(
+            prev, "Degraded", True, problems[0].reason, _join(p.message for p in problems), gen, now
+        )
+    else:
+        degraded = _condition(prev, "Degraded", False, "AsExpected", "", gen, now)
+    if ready:
+        summary = ", ".join(f"{c} {v.ready}/{v.desired}" for c, v in views.items())
+        endpoint = router_endpoint(observed.spec, observed.name, observed.namespace)
+        ready_condition = _condition(
+            prev,
+            "Ready",
+            True,
+            "AllRolesReady",
+            f"{summary} ready; serving at {endpoint}",
+            gen,
+            now,
+        )
+        progressing = _condition(
+            prev, "Progressing", False, "Complete", f"generation {gen} rolled out", gen, now
+        )
+    elif observed.problems:
+        blocked = _join(p.message for p in observed.problems)
+        ready_condition = _condition(
+            prev, "Ready", False, observed.problems[0].reason, blocked, gen, now
+        )
+        progressing = _condition(
+            prev, "Progressing", False, "Blocked", f"retrying until fixed: {blocked}", gen, now
+        )
+    else:
+        reason = "PodFailing" if problems else "RolloutInProgress"
+        message = _join([*(p.message for p in problems), *not_ready]) or "applying children"
+        ready_condition = _condition(prev, "Ready", False, reason, message, gen, now)
+        progressing = _condition(prev, "Progressing", True, "RollingOut", message, gen, now)
+    status = {
+        "observedGeneration": observed_generation,
+        "conditions": [ready_condition, progressing, degraded, *conditions],
+        **{
+            str(component): {"desiredReplicas": view.desired, "readyReplicas": view.ready}
+            for component, view in views.items()
+        },
+        "routerEndpoint": router_endpoint(observed.spec, observed.name, observed.namespace),
+        "connectorConfigHash": observed.config_hash or prev.connector_config_hash,
+    }
+    return DisaggregatedModelStatus.model_validate(
+        {k: v for k, v in status.items() if v is not None}
+    )
+
+
+def rejected_status(
+    previous: DisaggregatedModelStatus, problem: Problem, generation: int, now: str
+) -> DisaggregatedModelStatus:
+    """Status for a spec the operator cannot even render (the CRD should have refused it)."""
+    conditions = [
+        _condition(previous, "Ready", False, problem.reason, problem.message, generation, now),
+        _condition(previous, "Progressing", False, "Blocked", problem.message, generation, now),
+        _condition(previous, "Degraded", True, problem.reason, problem.message, generation, now),
+    ]
+    kept = [c for c in previous.conditions if c.type in ROLE_CONDITIONS.values()]
+    return previous.model_copy(update={"conditions": [*conditions, *kept]})

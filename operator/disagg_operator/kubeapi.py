@@ -1,0 +1,105 @@
+"""A small synchronous Kubernetes client: the operator's own reads, applies and status patches.
+
+kopf watches and posts events with its own client; this one sends the requests whose bodies the
+operator builds. Calls block: the reconciler runs them in a worker thread.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+
+from disagg_operator.resources import ApiResource
+
+FIELD_MANAGER = "disagg-operator"
+"""The one field manager of everything the operator applies."""
+
+USER_AGENT = "disagg-operator"
+APPLY_PATCH = "application/apply-patch+yaml"
+MERGE_PATCH = "application/merge-patch+json"
+
+__all__ = ["ApiException", "KubeApi"]
+
+
+def new_api_client() -> client.ApiClient:
+    """An ApiClient for the cluster the operator runs in, else the current kubeconfig context."""
+    configuration = client.Configuration()
+    if os.environ.get("KUBERNETES_SERVICE_HOST"):
+        config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+    else:
+        config.load_kube_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+    api = client.ApiClient(configuration)
+    api.user_agent = USER_AGENT
+    return api
+
+
+class KubeApi:
+    """JSON requests against one cluster."""
+
+    def __init__(self, api: client.ApiClient) -> None:
+        self._api = api
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: object = None,
+        query: Sequence[tuple[str, str]] = (),
+        content_type: str = "application/json",
+    ) -> dict[str, Any]:
+        """Send one request and return the decoded JSON answer (ApiException on an error)."""
+        method, url, headers, payload, post = self._api.param_serialize(
+            method,
+            path,
+            query_params=list(query),
+            header_params={"Content-Type": content_type, "Accept": "application/json"},
+            body=body,
+            auth_settings=["BearerToken"],
+        )
+        response = self._api.call_api(method, url, headers, payload, post)
+        data = response.read() or b"{}"  # type: ignore[no-untyped-call]
+        if not 200 <= response.status < 300:
+            raise ApiException(status=response.status, reason=response.reason, body=data.decode())
+        decoded: dict[str, Any] = json.loads(data)
+        return decoded
+
+    def get(self, resource: ApiResource, namespace: str, name: str) -> dict[str, Any] | None:
+        """One object, or None when it does not exist."""
+        try:
+            return self.request("GET", resource.path(namespace, name))
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def apply(self, resource: ApiResource, manifest: dict[str, Any]) -> dict[str, Any]:
+        """Server-side apply `manifest` as the operator's field manager, forcing conflicts.
+
+        Call it only for objects the operator controls (see `children.decide`): forcing takes
+        back fields a person changed by hand, which is the drift repair.
+        """
+        meta = manifest["metadata"]
+        return self.request(
+            "PATCH",
+            resource.path(meta["namespace"], meta["name"]),
+            body=manifest,
+            query=[("fieldManager", FIELD_MANAGER), ("force", "true")],
+            content_type=APPLY_PATCH,
+        )
+
+    def patch_status(
+        self, resource: ApiResource, namespace: str, name: str, status: dict[str, Any]
+    ) -> dict[str, Any]:
+        """Merge-patch an object's status subresource."""
+        return self.request(
+            "PATCH",
+            resource.path(namespace, name, "status"),
+            body={"status": status},
+            content_type=MERGE_PATCH,
+        )

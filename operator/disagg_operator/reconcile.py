@@ -1,0 +1,330 @@
+"""One reconcile pass of a DisaggregatedModel: render, compare, apply what differs, report.
+
+The pass knows nothing of kopf: the handlers hand it the owner and the live children (from
+kopf's indexes) and post the events it returns. In steady state it issues no write at all:
+children are applied only when their applied hash changed or a field they set drifted, and
+status only when it changed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import functools
+import json
+import logging
+import weakref
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from disagg_operator.children import Action, Decision, adopt, decide, key
+from disagg_operator.conditions import (
+    Observed,
+    PodState,
+    Problem,
+    build_status,
+    rejected_status,
+)
+from disagg_operator.connector_config import config_hash, config_map_data
+from disagg_operator.errors import SpecError
+from disagg_operator.kubeapi import ApiException, KubeApi
+from disagg_operator.loading import load_spec
+from disagg_operator.models import DisaggregatedModelSpec, DisaggregatedModelStatus
+from disagg_operator.names import ROLES, Component, child_name
+from disagg_operator.render import render
+from disagg_operator.resources import DISAGGREGATED_MODELS, SECRETS, resource_of
+
+Manifest = dict[str, Any]
+ChildKey = tuple[str, str]
+
+RENDER_CACHE_SIZE = 1024
+"""Rendered children kept per (model uid, spec): child events re-check without re-rendering."""
+
+REFUSED_STATUSES = frozenset({400, 403, 404, 409, 422})
+"""Apply errors a retry will not fix by itself: reported as Degraded (ApplyFailed)."""
+
+
+@dataclass(frozen=True)
+class Event:
+    """A Kubernetes Event to post on the DisaggregatedModel."""
+
+    type: str
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Live:
+    """The live children of one model, as kopf's indexes hold them."""
+
+    children: Mapping[ChildKey, Mapping[str, Any]]
+    pods: Sequence[PodState] = ()
+
+
+@dataclass
+class Outcome:
+    """What one pass did and found."""
+
+    status: DisaggregatedModelStatus | None = None
+    problems: list[Problem] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
+    applied: int = 0
+
+    @property
+    def blocked(self) -> bool:
+        """The model cannot be realized now: retry later."""
+        return bool(self.problems)
+
+
+@functools.lru_cache(maxsize=RENDER_CACHE_SIZE)
+def _desired(owner_json: str) -> tuple[Manifest, ...]:
+    owner = json.loads(owner_json)
+    meta = owner["metadata"]
+    spec = load_spec(owner["spec"])
+    return tuple(adopt(m, owner) for m in render(meta["name"], meta["namespace"], spec))
+
+
+def desired_children(owner: Mapping[str, Any]) -> list[Manifest]:
+    """The adopted child manifests of `owner` (cached by owner identity and spec)."""
+    meta = owner["metadata"]
+    identity = {
+        "apiVersion": owner["apiVersion"],
+        "kind": owner["kind"],
+        "metadata": {k: meta[k] for k in ("name", "namespace", "uid")},
+        "spec": owner["spec"],
+    }
+    return list(_desired(json.dumps(identity, sort_keys=True)))
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _api_reason(exc: ApiException) -> str:
+    try:
+        message = json.loads(exc.body or "{}").get("message")
+    except (TypeError, ValueError):
+        message = None
+    return str(message or exc.reason or exc.status)
+
+
+def _status_dict(status: DisaggregatedModelStatus) -> dict[str, Any]:
+    dumped: dict[str, Any] = status.model_dump(exclude_none=True)
+    return dumped
+
+
+_CHANGE_EVENTS = {
+    Action.CREATE: ("Created", "created"),
+    Action.UPDATE: ("Updated", "updated"),
+    Action.REPAIR: ("DriftRepaired", "restored"),
+}
+
+
+class Reconciler:
+    """Reconciles models one at a time per model (a lock each), any number in parallel."""
+
+    def __init__(self, api: KubeApi, logger: logging.Logger | None = None) -> None:
+        self._api = api
+        self._log = logger or logging.getLogger(__name__)
+        self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
+        self._written: dict[str, tuple[dict[str, Any], str]] = {}
+        self._recent: dict[str, dict[ChildKey, Mapping[str, Any]]] = {}
+        """Children applied by this process that kopf's indexes may not show yet, per model."""
+
+    def forget(self, uid: str) -> None:
+        """Drop what is remembered about a deleted model."""
+        self._written.pop(uid, None)
+        self._recent.pop(uid, None)
+
+    def forget_child(self, uid: str, child: ChildKey) -> None:
+        """A child was deleted: stop trusting the copy this process applied."""
+        self._recent.get(uid, {}).pop(child, None)
+
+    def _overlay(
+        self, uid: str, indexed: Mapping[ChildKey, Mapping[str, Any]]
+    ) -> dict[ChildKey, Mapping[str, Any]]:
+        """The indexed children, with our own newer applies where the index lags behind."""
+        current = dict(indexed)
+        recent = self._recent.get(uid, {})
+        for child, applied in list(recent.items()):
+            seen = indexed.get(child)
+            if seen is not None and _resource_version(seen) >= _resource_version(applied):
+                del recent[child]
+            else:
+                current[child] = applied
+        return current
+
+    async def reconcile(self, owner: Mapping[str, Any], live: Live) -> Outcome:
+        """Converge one model's children and status; never two passes of one model at once."""
+        uid = owner["metadata"]["uid"]
+        lock = self._locks.get(uid)
+        if lock is None:
+            lock = self._locks[uid] = asyncio.Lock()
+        async with lock:
+            return await asyncio.to_thread(self._pass, owner, live)
+
+    def _previous(self, owner: Mapping[str, Any]) -> dict[str, Any]:
+        """The newest status known: ours if the owner body predates our last write."""
+        meta = owner["metadata"]
+        written = self._written.get(meta["uid"])
+        if written is not None and written[1] == meta.get("resourceVersion"):
+            return written[0]
+        status: dict[str, Any] = owner.get("status") or {}
+        return status
+
+    def _pass(self, owner: Mapping[str, Any], live: Live) -> Outcome:
+        meta = owner["metadata"]
+        if meta.get("deletionTimestamp"):
+            return Outcome()
+        previous_dict = self._previous(owner)
+        previous = DisaggregatedModelStatus.model_validate(previous_dict, strict=False)
+        generation = int(meta.get("generation") or 1)
+        try:
+            spec = load_spec(owner["spec"])
+            desired = desired_children(owner)
+        except SpecError as exc:
+            problem = Problem("InvalidSpec", f"{exc}: fix the spec (the CRD is out of date?)")
+            outcome = Outcome(problems=[problem])
+            outcome.status = rejected_status(previous, problem, generation, _now())
+            self._write_status(owner, previous_dict, outcome)
+            return outcome
+        outcome = Outcome(problems=self._prerequisites(spec, meta["namespace"]))
+        current = self._overlay(meta["uid"], live.children)
+        if not outcome.problems:
+            applied = self._apply_all(desired, current, meta["uid"], outcome)
+            self._recent.setdefault(meta["uid"], {}).update(applied)
+        name = meta["name"]
+        workloads = {role: current.get(("StatefulSet", child_name(name, role))) for role in ROLES}
+        workloads[Component.ROUTER] = current.get(
+            ("Deployment", child_name(name, Component.ROUTER))
+        )
+        observed = Observed(
+            spec=spec,
+            name=name,
+            namespace=meta["namespace"],
+            generation=generation,
+            workloads=workloads,
+            pods=live.pods,
+            problems=outcome.problems,
+            in_sync=not outcome.problems,
+            config_hash=config_hash(config_map_data(spec)) if not outcome.problems else None,
+            previous=previous,
+        )
+        outcome.status = build_status(observed, _now())
+        self._write_status(owner, previous_dict, outcome)
+        return outcome
+
+    def _prerequisites(self, spec: DisaggregatedModelSpec, namespace: str) -> list[Problem]:
+        """Objects the spec names that must exist before pods can start."""
+        ref = spec.model.token_secret
+        if ref is None:
+            return []
+        try:
+            secret = self._api.get(SECRETS, namespace, ref.name)
+        except ApiException as exc:
+            if exc.status == 403:
+                self._log.warning("cannot check Secret %s/%s: %s", namespace, ref.name, exc.reason)
+                return []
+            raise
+        if secret is None:
+            return [
+                Problem(
+                    "SecretNotFound",
+                    f"Secret {ref.name} named by spec.model.tokenSecret does not exist in "
+                    f"namespace {namespace}: create it (kubectl -n {namespace} create secret "
+                    f"generic {ref.name} --from-literal={ref.key}=<token>)",
+                )
+            ]
+        if ref.key not in (secret.get("data") or {}):
+            return [
+                Problem(
+                    "SecretKeyNotFound",
+                    f"Secret {ref.name} has no key {ref.key!r} (spec.model.tokenSecret.key): "
+                    "add it or change the key",
+                )
+            ]
+        return []
+
+    def _apply_all(
+        self,
+        desired: list[Manifest],
+        current: dict[ChildKey, Mapping[str, Any]],
+        uid: str,
+        outcome: Outcome,
+    ) -> dict[ChildKey, Mapping[str, Any]]:
+        """Apply every child that needs it; return the API server's answers by child."""
+        changes: dict[Action, list[str]] = {}
+        applied: dict[ChildKey, Mapping[str, Any]] = {}
+        for manifest in desired:
+            decision = decide(manifest, current.get(key(manifest)), uid)
+            if decision.action is Action.NONE:
+                continue
+            if decision.action is Action.CONFLICT:
+                outcome.problems.append(Problem("ChildConflict", decision.detail))
+                continue
+            label = f"{manifest['kind']} {manifest['metadata']['name']}"
+            try:
+                applied[key(manifest)] = self._api.apply(resource_of(manifest), manifest)
+                current[key(manifest)] = applied[key(manifest)]
+            except ApiException as exc:
+                if exc.status not in REFUSED_STATUSES:
+                    raise
+                message = f"applying {label} failed: {_api_reason(exc)}"
+                outcome.problems.append(Problem("ApplyFailed", message))
+                continue
+            outcome.applied += 1
+            changes.setdefault(decision.action, []).append(_describe(label, decision))
+        for action, labels in changes.items():
+            reason, verb = _CHANGE_EVENTS[action]
+            outcome.events.append(Event("Normal", reason, f"{verb} {', '.join(labels)}"))
+        return applied
+
+    def _write_status(
+        self, owner: Mapping[str, Any], previous: dict[str, Any], outcome: Outcome
+    ) -> None:
+        assert outcome.status is not None
+        new = _status_dict(outcome.status)
+        outcome.events.extend(_transition_events(previous, new))
+        if new == previous:
+            return
+        patch: dict[str, Any] = {k: None for k in previous if k not in new}
+        patch.update(new)
+        meta = owner["metadata"]
+        try:
+            self._api.patch_status(DISAGGREGATED_MODELS, meta["namespace"], meta["name"], patch)
+        except ApiException as exc:
+            if exc.status == 404:
+                return
+            raise
+        self._written[meta["uid"]] = (new, meta.get("resourceVersion", ""))
+
+
+def _resource_version(obj: Mapping[str, Any]) -> int:
+    """An object's resourceVersion as a number (etcd revisions grow), 0 when not numeric."""
+    value = str(obj.get("metadata", {}).get("resourceVersion", ""))
+    return int(value) if value.isdigit() else 0
+
+
+def _describe(label: str, decision: Decision) -> str:
+    return f"{label} ({decision.detail})" if decision.detail else label
+
+
+def _condition_map(status: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
+    return {c["type"]: c for c in status.get("conditions") or []}
+
+
+def _transition_events(previous: Mapping[str, Any], new: Mapping[str, Any]) -> list[Event]:
+    """Events for Ready turning true and Degraded turning true (or changing its reason)."""
+    before, after = _condition_map(previous), _condition_map(new)
+    events = []
+    degraded = after.get("Degraded", {})
+    was = before.get("Degraded", {})
+    if degraded.get("status") == "True" and (
+        was.get("status") != "True" or was.get("reason") != degraded.get("reason")
+    ):
+        events.append(Event("Warning", str(degraded["reason"]), str(degraded.get("message"))))
+    ready = after.get("Ready", {})
+    if ready.get("status") == "True" and before.get("Ready", {}).get("status") != "True":
+        events.append(Event("Normal", "Ready", str(ready.get("message"))))
+    return events

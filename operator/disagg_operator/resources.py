@@ -1,0 +1,70 @@
+"""The Kubernetes resources the operator reads and writes, in one table.
+
+The apply module builds API paths from it, the handlers watch the child kinds it lists and
+:mod:`disagg_operator.rbac` derives the operator's permissions from it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from disagg_operator.models import GROUP, KIND, PLURAL, VERSION
+
+
+@dataclass(frozen=True)
+class ApiResource:
+    """One namespaced API resource: where it lives and what it is called."""
+
+    group: str
+    version: str
+    plural: str
+    kind: str
+
+    @property
+    def api_version(self) -> str:
+        """`group/version`, or just `version` for the core group."""
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    def path(self, namespace: str, name: str | None = None, subresource: str = "") -> str:
+        """The REST path of the collection, or of one object (and a subresource)."""
+        root = f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
+        path = f"{root}/namespaces/{namespace}/{self.plural}"
+        if name is not None:
+            path += f"/{name}"
+        if subresource:
+            path += f"/{subresource}"
+        return path
+
+
+CONFIG_MAPS = ApiResource("", "v1", "configmaps", "ConfigMap")
+SERVICES = ApiResource("", "v1", "services", "Service")
+SERVICE_ACCOUNTS = ApiResource("", "v1", "serviceaccounts", "ServiceAccount")
+STATEFUL_SETS = ApiResource("apps", "v1", "statefulsets", "StatefulSet")
+DEPLOYMENTS = ApiResource("apps", "v1", "deployments", "Deployment")
+ROLES = ApiResource("rbac.authorization.k8s.io", "v1", "roles", "Role")
+ROLE_BINDINGS = ApiResource("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding")
+PODS = ApiResource("", "v1", "pods", "Pod")
+SECRETS = ApiResource("", "v1", "secrets", "Secret")
+EVENTS = ApiResource("", "v1", "events", "Event")
+ENDPOINT_SLICES = ApiResource("discovery.k8s.io", "v1", "endpointslices", "EndpointSlice")
+DISAGGREGATED_MODELS = ApiResource(GROUP, VERSION, PLURAL, KIND)
+
+CHILD_RESOURCES = (
+    CONFIG_MAPS,
+    SERVICES,
+    SERVICE_ACCOUNTS,
+    ROLES,
+    ROLE_BINDINGS,
+    STATEFUL_SETS,
+    DEPLOYMENTS,
+)
+"""Every kind `render` produces; the operator applies, watches and repairs them."""
+
+
+def resource_of(manifest: dict[str, Any]) -> ApiResource:
+    """The child resource of a manifest (ValueError for a kind the operator does not own)."""
+    for resource in CHILD_RESOURCES:
+        if (manifest["apiVersion"], manifest["kind"]) == (resource.api_version, resource.kind):
+            return resource
+    raise ValueError(f"{manifest['apiVersion']} {manifest['kind']} is not a child kind")
