@@ -12,6 +12,7 @@ def register(subparsers: Any) -> None:
     _register_serve(subparsers)
     _register_router(subparsers)
     _register_plan(subparsers)
+    _register_bench(subparsers)
 
 
 def _register_serve(subparsers: Any) -> None:
@@ -84,5 +85,26 @@ def _register_plan(subparsers: Any) -> None:
 
 def _run_plan(args: argparse.Namespace) -> int:
     from disagg_connector.plan.cli import run
+
+    return run(args)
+
+
+def _register_bench(subparsers: Any) -> None:
+    from disagg_connector.bench.cli import add_arguments
+
+    parser = subparsers.add_parser(
+        "bench",
+        help="multi-turn TTFT benchmark, KV reuse ON vs OFF, with figures",
+        description="Drive multi-turn conversations through a router with a prompt-length "
+        "sweep, once with bidirectional KV reuse (ON) and once without (OFF); record TTFT, "
+        "prefill duration and D->P transfer time per request; write JSON, two PNG figures and "
+        "a summary table. Or plot vLLM's multi-turn benchmark stats (--from-vllm-stats).",
+    )
+    add_arguments(parser)
+    parser.set_defaults(func=_run_bench)
+
+
+def _run_bench(args: argparse.Namespace) -> int:
+    from disagg_connector.bench.cli import run
 
     return run(args)

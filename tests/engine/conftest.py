@@ -7,15 +7,13 @@ tests that need another decode config (short TTL, no 2-core hooks) start one mor
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from driver import PDDriver
-from rig import CACHE, ENGINE_VENV, RIG_CONNECTOR_ENV, EngineServer, ServerSpec, start_all
+from rig import CACHE, RIG_CONNECTOR_ENV, EngineServer, ServerSpec, ensure_model, start_all
 
 MODEL_DIR = CACHE / "models" / "tiny-llama-h256-l4-v1"
 PREFILL_CORE, DECODE_CORE = 0, 1
@@ -44,21 +42,9 @@ class Rig:
         return EngineServer(spec, MODEL_DIR, self.log_dir)
 
 
-def ensure_model() -> Path:
-    """Create the tiny model once into the cache."""
-    if (MODEL_DIR / "config.json").exists():
-        return MODEL_DIR
-    staging = MODEL_DIR.with_name(MODEL_DIR.name + ".tmp")
-    shutil.rmtree(staging, ignore_errors=True)
-    script = Path(__file__).with_name("make_model.py")
-    subprocess.run([str(ENGINE_VENV / "bin" / "python"), str(script), str(staging)], check=True)
-    staging.rename(MODEL_DIR)
-    return MODEL_DIR
-
-
 @pytest.fixture(scope="session")
 def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
-    model_dir = ensure_model()
+    model_dir = ensure_model(MODEL_DIR)
     log_dir = Path(os.environ.get("DISAGG_RIG_LOGS", tmp_path_factory.mktemp("engine-logs")))
     connector = os.environ.get(RIG_CONNECTOR_ENV, "DisaggConnector")
     specs = [

@@ -1,14 +1,16 @@
 """Create the rig's tiny Llama-style model locally: a trained BPE tokenizer, a chat template
 and random float32 weights (nothing comes from a model hub).
 
-Usage: python make_model.py OUTPUT_DIR. Deterministic: the same inputs give the same model.
+Usage: python make_model.py OUTPUT_DIR [--hidden N --layers N --heads N --kv-heads N
+--intermediate N --max-positions N] (defaults: the rig's tiny model). Deterministic: the same
+inputs give the same model. The TTFT benchmark uses a larger one (benchmarks/local_ttft.py).
 A wide ``initializer_range`` keeps greedy output from collapsing onto one repeated token.
 """
 
 from __future__ import annotations
 
+import argparse
 import random
-import sys
 from pathlib import Path
 
 import torch
@@ -55,17 +57,17 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
     )
 
 
-def build_model(tokenizer: PreTrainedTokenizerFast) -> LlamaForCausalLM:
-    """A 4-layer, 256-wide Llama with random float32 weights."""
+def build_model(tokenizer: PreTrainedTokenizerFast, size: argparse.Namespace) -> LlamaForCausalLM:
+    """A Llama of the given size (default 4 layers, 256 wide) with random float32 weights."""
     torch.manual_seed(0)
     config = LlamaConfig(
         vocab_size=len(tokenizer),
-        hidden_size=256,
-        intermediate_size=512,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=4096,
+        hidden_size=size.hidden,
+        intermediate_size=size.intermediate,
+        num_hidden_layers=size.layers,
+        num_attention_heads=size.heads,
+        num_key_value_heads=size.kv_heads,
+        max_position_embeddings=size.max_positions,
         initializer_range=0.1,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
@@ -75,12 +77,24 @@ def build_model(tokenizer: PreTrainedTokenizerFast) -> LlamaForCausalLM:
     return LlamaForCausalLM(config).to(torch.float32)
 
 
-def main(output_dir: str) -> None:
-    target = Path(output_dir)
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("output_dir", type=Path)
+    parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--intermediate", type=int, default=512)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--kv-heads", type=int, default=2)
+    parser.add_argument("--max-positions", type=int, default=4096)
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
     tokenizer = build_tokenizer()
-    build_model(tokenizer).save_pretrained(target)
-    tokenizer.save_pretrained(target)
+    build_model(tokenizer, args).save_pretrained(args.output_dir)
+    tokenizer.save_pretrained(args.output_dir)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main()

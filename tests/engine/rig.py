@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import time
@@ -73,6 +74,9 @@ class EngineServer:
     model_dir: Path
     log_dir: Path
     process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+    served_name: str = MODEL_NAME
+    max_model_len: int = 2048
+    kv_cache_bytes: int = KV_CACHE_BYTES
 
     @property
     def url(self) -> str:
@@ -87,14 +91,14 @@ class EngineServer:
         config_path.write_text(json.dumps(self.spec.kv_transfer_config()))
         vllm_args = [
             "--model", str(self.model_dir),
-            "--served-model-name", MODEL_NAME,
+            "--served-model-name", self.served_name,
             "--host", "127.0.0.1",
             "--port", str(self.spec.port),
             "--dtype", "float32",
             "--enforce-eager",
-            "--max-model-len", "2048",
+            "--max-model-len", str(self.max_model_len),
             "--max-num-seqs", "4",
-            "--kv-cache-memory-bytes", str(KV_CACHE_BYTES),
+            "--kv-cache-memory-bytes", str(self.kv_cache_bytes),
             "--seed", "0",
         ]  # fmt: skip
         if self.spec.role == "prefill":
@@ -175,6 +179,19 @@ class EngineServer:
         text = httpx.get(f"{self.url}/metrics", timeout=10).text
         pattern = re.compile(rf"^{re.escape(name)}(?:\{{[^}}]*\}})? ([0-9.e+-]+)$", re.M)
         return sum(float(value) for value in pattern.findall(text))
+
+
+def ensure_model(model_dir: Path, *size_args: str) -> Path:
+    """Create a model once into the cache with ``make_model.py`` (``size_args``: its options)."""
+    if (model_dir / "config.json").exists():
+        return model_dir
+    staging = model_dir.with_name(model_dir.name + ".tmp")
+    shutil.rmtree(staging, ignore_errors=True)
+    script = Path(__file__).with_name("make_model.py")
+    python = str(ENGINE_VENV / "bin" / "python")
+    subprocess.run([python, str(script), str(staging), *size_args], check=True)
+    staging.rename(model_dir)
+    return model_dir
 
 
 def start_all(servers: list[EngineServer]) -> None:

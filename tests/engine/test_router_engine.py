@@ -13,14 +13,10 @@ import json
 import os
 import re
 import signal
-import socket
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -28,70 +24,11 @@ import pytest
 from conftest import DECODE_CORE, Rig
 from conversations import ANSWER_TOKENS, LOGPROB_TOLERANCE, reuse_record, user_text
 from rig import MODEL_NAME, EngineServer, ServerSpec, start_all
+from router_process import RouterProcess
 
 pytestmark = pytest.mark.engine
 
 SYSTEM = {"role": "system", "content": "Answer tersely."}
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-@dataclass
-class RouterProcess:
-    """``disagg router`` as a child process, logging to a file."""
-
-    name: str
-    process: subprocess.Popen[bytes]
-    url: str
-    log_path: Path
-
-    @classmethod
-    def start(
-        cls, name: str, prefill: list[str], decode: list[str], log_dir: Path, *extra: str
-    ) -> RouterProcess:
-        port = free_port()
-        log_path = log_dir / f"{name}.log"
-        command = [
-            sys.executable, "-m", "disagg_operator.cli", "router",
-            "--host", "127.0.0.1", "--port", str(port),
-            "--prefill", *prefill, "--decode", *decode,
-            "--health-interval", "0.5", "--health-max-backoff", "2", *extra,
-        ]  # fmt: skip
-        with log_path.open("wb") as log:
-            process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-        router = cls(name, process, f"http://127.0.0.1:{port}", log_path)
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(router.url + "/health", timeout=2).status_code == 200:
-                    return router
-            except httpx.HTTPError:
-                pass
-            if process.poll() is not None or time.monotonic() > deadline:
-                router.stop()
-                raise RuntimeError(f"{name} did not become healthy:\n{log_path.read_text()}")
-            time.sleep(0.2)
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            self.process.wait(timeout=20)
-
-    def metric(self, name: str, **labels: str) -> float:
-        """One sample of the router's /metrics (0 when absent)."""
-        text = httpx.get(self.url + "/metrics", timeout=10).text
-        wanted = ",".join(f'{k}="{v}"' for k, v in labels.items())
-        pattern = rf"^{re.escape(name)}(?:\{{{re.escape(wanted)}\}})? ([0-9.e+-]+)$"
-        match = re.search(pattern, text, re.M)
-        return float(match.group(1)) if match else 0.0
-
-    def lookups(self, result: str) -> float:
-        return self.metric("disagg_router_conversation_lookups_total", result=result)
 
 
 @dataclass

@@ -1,0 +1,35 @@
+"""Run results round-trip through their JSON file; a foreign file is refused by field."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from disagg_connector.bench.records import BenchResult, Leg, TurnRecord
+
+
+def test_result_round_trips(tmp_path: Path) -> None:
+    result = BenchResult(
+        "m",
+        [
+            TurnRecord(Leg.OFF, "c0", 1, 2000, 812.5, prefill_ms=700.0, lookup="no_key"),
+            TurnRecord(Leg.ON, "c0", 2, 4000, 300.0, kv_transfer_ms=12.0, reused_tokens=1920),
+        ],
+        {"lengths": [2000, 4000]},
+    )
+    path = tmp_path / "deep" / "r.json"
+    result.save(path)
+    data = json.loads(path.read_text())
+    assert data["schema"] == "disagg-bench/v1"
+    assert data["records"][1]["leg"] == "on"
+    loaded = BenchResult.load(path)
+    assert loaded == result
+    assert [r.turn for r in loaded.leg(Leg.ON)] == [2]
+
+
+def test_load_refuses_other_files(tmp_path: Path) -> None:
+    path = tmp_path / "other.json"
+    path.write_text(json.dumps({"schema": "x", "records": []}))
+    with pytest.raises(ValueError, match="field 'schema'"):
+        BenchResult.load(path)

@@ -1,0 +1,62 @@
+"""``disagg bench --router`` against a real router in front of engine stand-ins (not vLLM).
+
+The stand-ins count one token per word, so the sweep's lengths are checked exactly; the
+router's own /metrics give each request's prefill duration and cache lookup.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from disagg_connector.bench.records import BenchResult, Leg
+from disagg_operator.cli import main
+from router_harness import router_rig
+
+
+def run_bench(tmp_path: Path, *extra: str) -> tuple[BenchResult, str, list[str]]:
+    out = tmp_path / "out"
+    with router_rig(prefills=1, decodes=1) as rig:
+        argv = ["bench", "--router", rig.routers[0].url, "--lengths", "300:900:300"]
+        argv += ["--answer-tokens", "8", "--conversations", "2"]
+        status = main([*argv, "--json-dir", str(out), "--figure-dir", str(out), *extra])
+    assert status == 0
+    names = sorted(p.name for p in out.iterdir())
+    return BenchResult.load(out / "ttft-standin-model.json"), str(out), names
+
+
+def test_both_legs_reach_the_lengths_and_only_on_hits(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    result, _, names = run_bench(tmp_path)
+    assert names == [
+        "prefill-standin-model.png",
+        "ttft-standin-model.json",
+        "ttft-standin-model.png",
+    ]
+    on, off = result.leg(Leg.ON), result.leg(Leg.OFF)
+    assert len(on) == len(off) == 6
+    assert [r.turn for r in on] == [1, 2, 3, 1, 2, 3]
+    for records in (on, off):
+        assert all(
+            r.prompt_tokens in range(t - 2, t + 3)
+            for r, t in zip(records, [300, 600, 900] * 2, strict=True)
+        )
+    assert [r.lookup for r in on] == ["miss", "hit", "hit"] * 2
+    assert {r.lookup for r in off} == {"no_key"}, "the OFF leg withholds the conversation id"
+    for record in on + off:
+        assert record.prefill_ms is not None and record.e2e_ms is not None
+        assert 0 < record.prefill_ms < record.e2e_ms
+    assert [r.conversation for r in on][:1] != [r.conversation for r in on][3:4]
+    assert result.setup["legs"]["off"].endswith("prefill recomputes every prompt")
+    printed = capsys.readouterr()
+    assert re.search(r"OFF/ON at 89\d tokens: \d+\.\d\dx", printed.out), printed.out
+    assert "12/12" in printed.err, "the progress bar counted every request"
+
+
+def test_on_leg_only_writes_no_pairs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    result, _, names = run_bench(tmp_path, "--legs", "on")
+    assert {r.leg for r in result.records} == {Leg.ON}
+    assert "ttft-standin-model.png" in names
+    assert "OFF/ON" not in capsys.readouterr().out
