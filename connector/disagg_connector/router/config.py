@@ -47,7 +47,7 @@ class RouterConfig:
     redis_prefix: str = "disagg:conv:"
     conversation_ttl_s: float = 450.0
     decode_kv_ttl_s: float = 480.0
-    max_conversations: int = 100_000
+    max_conversations: int = 10_000
     scope_by_api_key: bool = True
     max_body_bytes: int = 16 * 1024 * 1024
     connect_timeout_s: float = 2.0

@@ -59,7 +59,8 @@ def add_router_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-conversations",
         type=int,
         default=d.max_conversations,
-        help="in-memory store bound, least recently used evicted (default %(default)s)",
+        help="in-memory store bound, least recently used evicted (default %(default)s); an "
+        "entry holds decode's block ids, a few KB up to ~100 KB for 32k-token contexts",
     )
     conv.add_argument(
         "--no-scope-by-api-key",
