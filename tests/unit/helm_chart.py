@@ -23,11 +23,15 @@ import kube  # noqa: E402
 
 
 @functools.cache
-def helm_binary() -> Path:
-    """The helm binary of the local control plane's toolchain, built when missing."""
+def toolchain() -> kube.ClusterEnv:
+    """The local control plane's binaries (helm, kubectl), built when missing."""
     kube.build_binaries()
-    binary: Path = kube.cluster_env().helm
-    return binary
+    return kube.cluster_env()
+
+
+def helm_binary() -> Path:
+    """The real helm, its default Kubernetes version the local control plane's."""
+    return toolchain().helm
 
 
 def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:

@@ -101,8 +101,8 @@ def test_image_reference_prefers_digest_then_tag_then_app_version() -> None:
         return ref
 
     digest = "sha256:" + "b" * 64
-    assert image() == "ghcr.io/disagg/disagg-operator:0.1.0"
-    assert image("image.tag=1.2.3") == "ghcr.io/disagg/disagg-operator:1.2.3"
+    assert image() == "ghcr.io/disagg-dev/disagg-operator:0.1.0"
+    assert image("image.tag=1.2.3") == "ghcr.io/disagg-dev/disagg-operator:1.2.3"
     assert image("image.tag=1.2.3", f"image.digest={digest}").endswith(f"@{digest}")
 
 
