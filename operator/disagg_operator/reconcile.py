@@ -274,6 +274,7 @@ class Reconciler:
                 outcome.problems.append(Problem("ApplyFailed", message))
                 continue
             outcome.applied += 1
+            self._log.info("applied %s (%s)", label, decision.action)
             changes.setdefault(decision.action, []).append(_describe(label, decision))
         for action, labels in changes.items():
             reason, verb = _CHANGE_EVENTS[action]

@@ -1,0 +1,211 @@
+"""Acceptance: the Qwen3-32B example on the local control plane, reconciled by the operator
+running as a ServiceAccount that holds exactly the generated RBAC rules.
+
+Honesty note on readiness: kwok fakes the kubelet. It binds, starts and marks pods Running and
+Ready without running any container, so vLLM's /health probes never execute here. "Ready" in
+these tests means: every child exists as rendered, the scheduler placed each pod on a node that
+fits (p5en GPUs, EFA, hugepages), and the StatefulSet/Deployment controllers report the pods
+ready - the operator's part of the job. Engine health is covered by tests/engine.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import kube
+import yaml
+from disagg_operator.children import APPLIED_HASH_ANNOTATION
+from disagg_operator.kubeapi import FIELD_MANAGER
+from disagg_operator.rbac import namespaced_rules, peering_rules
+from operator_fixtures import REPO, StartOperator, crds, start_operator  # noqa: F401
+from operator_harness import condition, wait_ready
+
+EXAMPLE = REPO / "examples" / "qwen3-32b-p5en.yaml"
+OPERATOR_SA = "disagg-operator"
+
+
+def _service_account_kubeconfig(
+    kubectl: kube.Kubectl, kubeconfig: Path, namespace: str, path: Path
+) -> Path:
+    """A ServiceAccount bound to the generated rules, and a kubeconfig holding its token."""
+    rules = [*namespaced_rules(), *peering_rules(clusterwide=False)]
+    meta = {"name": OPERATOR_SA, "namespace": namespace}
+    kubectl.apply(
+        [
+            {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta},
+            {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "Role",
+                "metadata": meta,
+                "rules": rules,
+            },
+            {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "RoleBinding",
+                "metadata": meta,
+                "roleRef": {
+                    "apiGroup": "rbac.authorization.k8s.io",
+                    "kind": "Role",
+                    "name": OPERATOR_SA,
+                },
+                "subjects": [
+                    {"kind": "ServiceAccount", "name": OPERATOR_SA, "namespace": namespace}
+                ],
+            },
+        ]
+    )
+    token = kubectl("-n", namespace, "create", "token", OPERATOR_SA, "--duration=1h").strip()
+    admin = yaml.safe_load(kubeconfig.read_text())
+    cluster = admin["clusters"][0]["cluster"]
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "c", "cluster": cluster}],
+                "users": [{"name": "sa", "user": {"token": token}}],
+                "contexts": [{"name": "sa", "context": {"cluster": "c", "user": "sa"}}],
+                "current-context": "sa",
+            }
+        )
+    )
+    return path
+
+
+def _example_prerequisites(kubectl: kube.Kubectl, namespace: str, example: dict[str, Any]) -> None:
+    """The token Secret and the model-cache claim (bound to a hostPath volume) it names."""
+    model = example["spec"]["model"]
+    secret = model["tokenSecret"]
+    kubectl("-n", namespace, "create", "secret", "generic", secret["name"],
+            f"--from-literal={secret['key']}=hf_dummy")  # fmt: skip
+    claim = model["cache"]["pvc"]["claimName"]
+    volume = f"{namespace}-{claim}"
+    size = {"storage": "100Gi"}
+    kubectl.apply(
+        [
+            {
+                "apiVersion": "v1",
+                "kind": "PersistentVolume",
+                "metadata": {"name": volume},
+                "spec": {
+                    "capacity": size,
+                    "accessModes": ["ReadWriteMany"],
+                    "storageClassName": "",
+                    "hostPath": {"path": "/models"},
+                    "claimRef": {"namespace": namespace, "name": claim},
+                    "persistentVolumeReclaimPolicy": "Delete",
+                },
+            },
+            {
+                "apiVersion": "v1",
+                "kind": "PersistentVolumeClaim",
+                "metadata": {"name": claim, "namespace": namespace},
+                "spec": {
+                    "accessModes": ["ReadWriteMany"],
+                    "storageClassName": "",
+                    "volumeName": volume,
+                    "resources": {"requests": size},
+                },
+            },
+        ]
+    )
+
+
+def test_example_becomes_ready_on_p5en_with_least_privilege(
+    kubectl: kube.Kubectl,
+    kubeconfig: Path,
+    namespace: str,
+    start_operator: StartOperator,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    example = yaml.safe_load(EXAMPLE.read_text())
+    example["metadata"]["namespace"] = namespace
+    name = example["metadata"]["name"]
+    _example_prerequisites(kubectl, namespace, example)
+    sa_kubeconfig = _service_account_kubeconfig(
+        kubectl, kubeconfig, namespace, tmp_path / "sa-kubeconfig.yaml"
+    )
+    operator = start_operator(kubeconfig_path=sa_kubeconfig)
+    kubectl.apply(example)
+
+    model = wait_ready(kubectl, namespace, name, timeout_s=240)
+    uid = model["metadata"]["uid"]
+
+    children = kubectl.json(
+        "-n", namespace, "get", "statefulsets,services,configmaps,deployments,serviceaccounts,"
+        "roles,rolebindings", "-l", f"app.kubernetes.io/instance={name}", "--show-managed-fields",
+    )["items"]  # fmt: skip
+    found = sorted((c["kind"], c["metadata"]["name"]) for c in children)
+    assert found == sorted(
+        [
+            ("ConfigMap", f"{name}-connector"),
+            ("Deployment", f"{name}-router"),
+            ("Role", f"{name}-router"),
+            ("RoleBinding", f"{name}-router"),
+            ("Service", f"{name}-decode"),
+            ("Service", f"{name}-prefill"),
+            ("Service", f"{name}-router"),
+            ("ServiceAccount", f"{name}-router"),
+            ("StatefulSet", f"{name}-decode"),
+            ("StatefulSet", f"{name}-prefill"),
+        ]
+    )
+    for child in children:
+        meta = child["metadata"]
+        assert [(r["uid"], r["controller"]) for r in meta["ownerReferences"]] == [(uid, True)]
+        assert APPLIED_HASH_ANNOTATION in meta["annotations"]
+        appliers = {m["manager"] for m in meta["managedFields"] if m["operation"] == "Apply"}
+        assert appliers == {FIELD_MANAGER}, (child["kind"], meta["managedFields"])
+
+    pods = kubectl.json("-n", namespace, "get", "pods", "-l", f"app.kubernetes.io/instance={name}")[
+        "items"
+    ]
+    engines = [
+        p for p in pods if p["metadata"]["labels"]["app.kubernetes.io/component"] != "router"
+    ]
+    assert len(engines) == 2 and len(pods) == 3
+    for pod in engines:
+        assert pod["status"]["phase"] == "Running" and kube.condition_true(pod, "Ready")
+        node = kubectl.json("get", "node", pod["spec"]["nodeName"])
+        assert node["metadata"]["labels"]["node.kubernetes.io/instance-type"] == "p5en.48xlarge"
+
+    status = model["status"]
+    config_map = next(c for c in children if c["kind"] == "ConfigMap")
+    assert (
+        status["connectorConfigHash"]
+        == config_map["metadata"]["annotations"]["disagg.dev/connector-config-hash"]
+    )
+    assert status["routerEndpoint"] == f"http://{name}-router.{namespace}.svc:8000"
+    assert status["prefill"] == {"desiredReplicas": 1, "readyReplicas": 1}
+    assert status["decode"] == {"desiredReplicas": 1, "readyReplicas": 1}
+    for kind in ("PrefillReady", "DecodeReady", "RouterReady"):
+        assert condition(model, kind)["status"] == "True", condition(model, kind)
+    assert condition(model, "Degraded")["status"] == "False"
+    assert condition(model, "Progressing")["reason"] == "Complete"
+
+    table = kubectl("-n", namespace, "get", "dmodel", name).splitlines()
+    assert table[0].split() == ["NAME", "READY", "PREFILL", "DECODE", "BIDIR", "TTL", "AGE"]
+    assert table[1].split()[:6] == [name, "True", "1", "1", "true", "480"]
+
+    # kopf's bookkeeping stays under disagg.dev/, outside status, and adds no finalizer.
+    annotations = model["metadata"].get("annotations", {})
+    foreign = [
+        k for k in annotations if not k.startswith(("disagg.dev/", "kubectl.kubernetes.io/"))
+    ]
+    assert not foreign, annotations
+    assert "kopf" not in status and not model["metadata"].get("finalizers")
+
+    events = kubectl.json("-n", namespace, "get", "events", "--field-selector",
+                          f"involvedObject.uid={uid}")["items"]  # fmt: skip
+    reasons = {e["reason"] for e in events}
+    assert {"Created", "Ready"} <= reasons, reasons
+
+    def can(verb: str, what: str) -> bool:
+        sa = f"system:serviceaccount:{namespace}:{OPERATOR_SA}"
+        probe = kubectl.run("auth", "can-i", verb, what, "-n", namespace, f"--as={sa}", check=False)
+        return probe.stdout.strip() == "yes"
+
+    assert can("patch", "statefulsets.apps") and can("get", "secrets")
+    assert not can("list", "secrets") and not can("delete", "statefulsets.apps")
+    assert "Forbidden" not in operator.log() and "forbidden" not in operator.log(), operator.log()
