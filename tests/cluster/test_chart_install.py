@@ -201,7 +201,13 @@ def test_all_namespaces_install_upgrade_uninstall(
     for crd in CRD_NAMES:
         kubectl("get", "crd", crd)
 
-    upgrade(helm, release, "replicaCount=2", "logging.level=debug", "peering.name=shared")
+    upgrade(
+        helm, release, "replicaCount=2", "logging.level=debug", "peering.name=shared",
+        "rbac.readSecrets=false",
+    )  # fmt: skip
+    for ns in (other, "kube-system"):
+        assert not can_i(kubectl, user, Permission("get", "secrets"), "-n", ns)
+    assert can_i(kubectl, user, Permission("patch", "statefulsets.apps"), "-n", other)
     deployment = kubectl.json("-n", release.namespace, "get", "deployment", release.fullname)
     args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
     assert deployment["spec"]["replicas"] == 2

@@ -31,7 +31,8 @@ def toolchain() -> kube.ClusterEnv:
 
 def helm_binary() -> Path:
     """The real helm, its default Kubernetes version the local control plane's."""
-    return toolchain().helm
+    binary: Path = toolchain().helm
+    return binary
 
 
 def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:

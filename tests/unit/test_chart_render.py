@@ -6,6 +6,7 @@ from typing import Any
 
 import kubernetes_validate
 import pytest
+from disagg_operator.cli import build_parser
 from helm_chart import CHART, by_kind, helm, operator_rules, template
 
 # The chart's kubeVersion floor and the local control plane's release.
@@ -94,6 +95,15 @@ def test_operator_args_follow_the_values(values: tuple[str, ...], expected: list
     assert set(expected) <= set(args)
 
 
+@pytest.mark.parametrize("setup", SETUPS.values(), ids=SETUPS.keys())
+def test_the_operator_cli_accepts_the_rendered_args(setup: tuple[str, ...]) -> None:
+    (deployment,) = by_kind(template(*setup), "Deployment")
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    parsed = build_parser().parse_args(args)
+    assert parsed.command == "operator"
+    assert parsed.all_namespaces != bool(parsed.namespace)
+
+
 def test_image_reference_prefers_digest_then_tag_then_app_version() -> None:
     def image(*values: str) -> str:
         (deployment,) = by_kind(template(*values), "Deployment")
@@ -154,6 +164,21 @@ def test_rules_hold_no_wildcards_and_no_delete() -> None:
         )
         if "secrets" in rule["resources"]:
             assert set(rule["verbs"]) <= {"get"}, "the operator never lists or watches Secrets"
+            assert rule["resources"] == ["secrets"], "rbac.readSecrets drops this whole rule"
+
+
+@pytest.mark.parametrize("watch", [(), ("watch.namespaces={a}",)], ids=["all", "list"])
+def test_read_secrets_off_drops_only_the_secrets_rule(watch: tuple[str, ...]) -> None:
+    def rules(*values: str) -> list[dict[str, Any]]:
+        docs = template(*watch, *values)
+        (role,) = by_kind(docs, "ClusterRole") + by_kind(docs, "Role")
+        return _rules(role)
+
+    with_secrets, without = rules(), rules("rbac.readSecrets=false")
+    assert [rule for rule in with_secrets if rule not in without] == [
+        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}
+    ]
+    assert all(rule in with_secrets for rule in without)
 
 
 def test_rbac_off_renders_no_rbac_objects() -> None:

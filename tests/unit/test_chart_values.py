@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 import yaml
+from disagg_operator.options import LOG_FORMATS, LOG_LEVELS
 from helm_chart import CHART, helm
 
 VALUES = CHART / "values.yaml"
@@ -34,7 +35,7 @@ BAD_VALUES = [
     ("watch.namespaces={a,a}", "/watch/namespaces", "items at 0 and 1 are equal"),
     ("health.port=70000", "/health/port", "maximum"),
     ("livenessProbe.periodSeconds=0", "/livenessProbe/periodSeconds", "minimum"),
-    ("metrics.serviceMonitor.interval=often", "/metrics/serviceMonitor/interval", "pattern"),
+    ("rbac.readSecrets=no", "/rbac/readSecrets", "boolean"),
     ("peering.name=Not_A_Name", "/peering/name", "does not match pattern"),
     ("replicas=2", "additional properties 'replicas'", "not allowed"),
     ("logging.colour=red", "additional properties 'colour'", "not allowed"),
@@ -42,10 +43,6 @@ BAD_VALUES = [
 
 CONTRADICTIONS = [
     (("replicaCount=2", "peering.enabled=false"), "replicaCount=2 needs peering.enabled=true"),
-    (
-        ("metrics.serviceMonitor.enabled=true",),
-        "metrics.serviceMonitor.enabled=true needs metrics.enabled=true",
-    ),
     (
         ("serviceAccount.create=false",),
         "serviceAccount.name: name an existing ServiceAccount",
@@ -70,6 +67,12 @@ def test_contradictory_values_fail_with_a_message(values: tuple[str, ...], messa
     proc = helm("template", "r", str(CHART), *_sets(values), check=False)
     assert proc.returncode != 0
     assert message in proc.stderr, proc.stderr
+
+
+def test_log_choices_are_the_operators() -> None:
+    logging = SCHEMA["properties"]["logging"]["properties"]
+    assert logging["level"]["enum"] == list(LOG_LEVELS)
+    assert logging["format"]["enum"] == list(LOG_FORMATS)
 
 
 def test_the_defaults_pass_the_schema() -> None:

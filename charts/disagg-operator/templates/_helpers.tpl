@@ -102,7 +102,4 @@ checks each value alone; this checks them together).
 {{- if and (gt (int .Values.replicaCount) 1) (not .Values.peering.enabled) -}}
 {{- fail (printf "replicaCount=%d needs peering.enabled=true: without kopf peering every replica would reconcile the same objects" (int .Values.replicaCount)) -}}
 {{- end -}}
-{{- if and .Values.metrics.serviceMonitor.enabled (not .Values.metrics.enabled) -}}
-{{- fail "metrics.serviceMonitor.enabled=true needs metrics.enabled=true (the ServiceMonitor scrapes the metrics Service)" -}}
-{{- end -}}
 {{- end -}}
