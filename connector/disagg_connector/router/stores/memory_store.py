@@ -1,4 +1,8 @@
-"""In-memory conversation store: bounded, least-recently-used eviction, per-entry expiry."""
+"""In-memory conversation store: bounded, least-recently-used eviction, per-entry expiry.
+
+Entries are kept serialized: decode's block-id lists are several times smaller as JSON text
+than as Python lists (~12 KB instead of ~75 KB for a 32k-token context at block size 16).
+"""
 
 from __future__ import annotations
 
@@ -12,7 +16,7 @@ from disagg_connector.router.conversation import Lookup, TurnEntry, TurnStart
 class _Conversation:
     seq: int = 0
     committed: int = 0
-    entry: TurnEntry | None = None
+    entry: bytes | None = None
     decode_url: str | None = None
 
 
@@ -40,9 +44,10 @@ class MemoryStore:
         """Number a new turn and take the conversation's entry, if any."""
         conv = self._touch(key)
         conv.seq += 1
-        entry, conv.entry = conv.entry, None
-        if entry is None:
+        raw, conv.entry = conv.entry, None
+        if raw is None:
             return TurnStart(conv.seq, None, Lookup.MISS, conv.decode_url)
+        entry = TurnEntry.from_json(raw)
         if entry.expired():
             return TurnStart(conv.seq, None, Lookup.EXPIRED, conv.decode_url)
         return TurnStart(conv.seq, entry, Lookup.HIT, conv.decode_url)
@@ -53,7 +58,7 @@ class MemoryStore:
         if entry.seq <= conv.committed:
             return False
         conv.committed = entry.seq
-        conv.entry = entry
+        conv.entry = entry.to_json().encode()
         conv.decode_url = entry.decode_url
         return True
 
@@ -62,7 +67,7 @@ class MemoryStore:
         conv = self._items.get(key)
         if conv is None or conv.entry is not None or conv.committed != entry.seq:
             return False
-        conv.entry = entry
+        conv.entry = entry.to_json().encode()
         return True
 
     async def check(self) -> None:
