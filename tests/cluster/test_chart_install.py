@@ -63,7 +63,7 @@ def install(helm: kube.Tool, release: Release, *values: str) -> str:
 def upgrade(helm: kube.Tool, release: Release, *values: str) -> str:
     """`helm upgrade --wait` the release with new values (not reusing the old ones)."""
     return helm(
-        "upgrade", release.name, str(CHART), "-n", release.namespace, "--wait",
+        "upgrade", release.name, str(CHART), "-n", release.namespace, "--wait", "--reset-values",
         "--timeout", "120s", *_sets(values),
     )  # fmt: skip
 
@@ -248,19 +248,27 @@ def test_namespace_list_confines_the_operator(
     for kind in RBAC_KINDS:
         assert kubectl.run("get", kind, release.fullname, check=False).returncode != 0
 
-    # Upgrade: drop w2, add the cluster-wide mode's opposite case (w1 only).
+    # Upgrade: stop watching w2; its Role, RoleBinding and peering go with it.
+    apply_statefulset = Permission("patch", "statefulsets.apps")
     upgrade(helm, release, f"watch.namespaces={{{w1}}}", "logging.format=plain")
-    assert can_i(kubectl, user, Permission("patch", "statefulsets.apps"), "-n", w1)
-    assert not can_i(kubectl, user, Permission("patch", "statefulsets.apps"), "-n", w2)
-    assert kubectl.run("-n", w2, "get", "role", release.fullname, check=False).returncode != 0
+    assert can_i(kubectl, user, apply_statefulset, "-n", w1)
+    assert not can_i(kubectl, user, apply_statefulset, "-n", w2)
+    for kind in ("role", "rolebinding", "kopfpeering"):
+        gone = kubectl.run("-n", w2, "get", kind, release.fullname, check=False)
+        assert gone.returncode != 0, f"{kind} left behind in {w2}"
     deployment = kubectl.json("-n", release.namespace, "get", "deployment", release.fullname)
     args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
     assert f"--namespace={w1}" in args and f"--namespace={w2}" not in args
 
+    # Upgrade to every namespace: the Roles give way to one ClusterRole.
+    upgrade(helm, release)
+    assert can_i(kubectl, user, apply_statefulset, "-n", other)
+    assert kubectl.run("-n", w1, "get", "role", release.fullname, check=False).returncode != 0
+    kubectl("get", "clusterrole", release.fullname)
+
     helm("uninstall", release.name, "-n", release.namespace, "--wait")
-    for kind in ("role", "rolebinding", "kopfpeering"):
-        gone = kubectl.run("-n", w1, "get", kind, release.fullname, check=False)
-        assert gone.returncode != 0, f"{kind} left behind in {w1}"
+    for kind in RBAC_KINDS:
+        assert kubectl.run("get", kind, release.fullname, check=False).returncode != 0
 
 
 @pytest.mark.parametrize(
