@@ -1,0 +1,57 @@
+"""``disagg bench`` options: registration stays light, legs and their honest descriptions."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from disagg_connector.bench.cli import bench_targets
+from disagg_connector.bench.records import Leg
+from disagg_operator.cli import build_parser
+
+
+def test_building_the_cli_imports_neither_http_nor_plotting() -> None:
+    code = (
+        "import sys; from disagg_operator.cli import build_parser; build_parser(); "
+        "print(sorted(m for m in ('matplotlib', 'httpx', 'vllm', 'kopf') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def parse(*argv: str) -> list[tuple[Leg, str, bool]]:
+    args = build_parser().parse_args(["bench", *argv])
+    return [(t.leg, t.router_url, t.send_conversation_id) for t in bench_targets(args)]
+
+
+def test_off_leg_defaults_to_the_same_router_without_conversation_id() -> None:
+    assert parse("--router", "http://r:8000") == [
+        (Leg.OFF, "http://r:8000", False),
+        (Leg.ON, "http://r:8000", True),
+    ]
+
+
+def test_off_leg_on_a_second_deployment_keeps_the_conversation_id() -> None:
+    targets = parse("--router", "http://on", "--off-router", "http://off", "--legs", "off")
+    assert targets == [(Leg.OFF, "http://off", True)]
+
+
+@pytest.mark.parametrize(
+    ("off_router", "described"),
+    [(None, "without conversation_id"), ("http://off", "bidirectional transfer off")],
+)
+def test_each_leg_says_how_it_was_run(off_router: str | None, described: str) -> None:
+    argv = ["bench", "--router", "http://on"] + (["--off-router", off_router] if off_router else [])
+    off, on = bench_targets(build_parser().parse_args(argv))
+    assert described in off.describe()
+    assert "conversation_id" in on.describe() and on.leg is Leg.ON
+
+
+def test_bad_sweep_options_exit_2_naming_the_option(capsys: pytest.CaptureFixture[str]) -> None:
+    from disagg_operator.cli import main
+
+    assert main(["bench", "--router", "http://127.0.0.1:9", "--lengths", "4k,2k"]) == 2
+    assert "--lengths" in capsys.readouterr().err
+    assert main(["bench", "--router", "http://127.0.0.1:9", "--conversations", "0"]) == 2
+    assert "--conversations" in capsys.readouterr().err
