@@ -23,6 +23,8 @@ SETUPS = {
         "tolerations[0].key=dedicated,tolerations[0].operator=Exists",
         "priorityClassName=system-cluster-critical",
         "logging.level=debug,logging.format=plain",
+        "extraEnv[0].name=HTTPS_PROXY,extraEnv[0].value=http://proxy:3128",
+        "podAnnotations.team=ml,podLabels.tier=control,commonLabels.cost-center=ai",
     ),
 }
 KOPF_KINDS = {"KopfPeering", "ClusterKopfPeering"}
