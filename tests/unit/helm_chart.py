@@ -44,11 +44,16 @@ def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
 
 
 def template(
-    *values: str, release: str = "disagg", namespace: str = "disagg-system"
+    *values: str,
+    release: str = "disagg",
+    namespace: str = "disagg-system",
+    include_crds: bool = False,
 ) -> list[dict[str, Any]]:
-    """The chart's objects rendered by `helm template` with `--set` `values`."""
-    sets = [arg for value in values for arg in ("--set", value)]
-    out = helm("template", release, str(CHART), "--namespace", namespace, *sets).stdout
+    """The chart's objects rendered by `helm template` with `--set` `values` (and its CRDs)."""
+    args = [arg for value in values for arg in ("--set", value)]
+    if include_crds:
+        args.append("--include-crds")
+    out = helm("template", release, str(CHART), "--namespace", namespace, *args).stdout
     return [doc for doc in yaml.safe_load_all(out) if doc]
 
 

@@ -47,9 +47,9 @@ def test_lint_strict_is_clean(setup: tuple[str, ...]) -> None:
 def test_objects_validate_against_the_kubernetes_schema(
     setup: tuple[str, ...], version: str
 ) -> None:
-    docs = template(*setup)
+    docs = template(*setup, include_crds=True)
     checked = [doc for doc in docs if doc["kind"] not in KOPF_KINDS]
-    assert {doc["kind"] for doc in checked} >= {"Deployment"}
+    assert {doc["kind"] for doc in checked} >= {"Deployment", "CustomResourceDefinition"}
     for doc in checked:
         kubernetes_validate.validate(doc, version, strict=True)
 
