@@ -27,8 +27,10 @@ def create_app(config: RouterConfig) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=1024)
+        transport = httpx.AsyncHTTPTransport(limits=limits)
         client = httpx.AsyncClient(
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=1024),
+            transport=transport,
             timeout=httpx.Timeout(config.decode_timeout_s, connect=config.connect_timeout_s),
         )
         pools = tuple(
@@ -46,7 +48,7 @@ def create_app(config: RouterConfig) -> FastAPI:
         state = app.state
         state.prefill, state.decode, state.store = prefill, decode, store
         state.metrics, state.health = metrics, health
-        state.proxy = ProxyService(config, client, prefill, decode, store, metrics, health)
+        state.proxy = ProxyService(config, transport, prefill, decode, store, metrics, health)
         try:
             yield
         finally:
