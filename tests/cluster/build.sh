@@ -42,14 +42,19 @@ cd "$CLUSTER_GO"
 start=$(date +%s)
 echo "cluster-bin: downloading Go modules"
 go mod download
+echo "cluster-bin: modules ready in $(($(date +%s) - start)) s"
 tmp="$CLUSTER_BIN.tmp"
 rm -rf "$tmp"
 mkdir -p "$tmp"
 echo "cluster-bin: building $key (waits for /tmp/disagg-heavy.lock)"
+exec 9>/tmp/disagg-heavy.lock
+flock 9
+compile=$(date +%s)
 # One go build shares the compile work of the common packages across all binaries.
-flock /tmp/disagg-heavy.lock go build -p 2 -trimpath -ldflags "$ldflags" -o "$tmp/" \
-    $(go list tool) ./cmd/etcd
+go build -p 2 -trimpath -ldflags "$ldflags" -o "$tmp/" $(go list tool) ./cmd/etcd
+flock -u 9
 echo "$key" >"$tmp/.stamp"
 rm -rf "$CLUSTER_BIN"
 mv "$tmp" "$CLUSTER_BIN"
-echo "cluster-bin: built in $(($(date +%s) - start)) s into $CLUSTER_BIN"
+echo "cluster-bin: compiled in $(($(date +%s) - compile)) s; total $(($(date +%s) - start)) s" \
+    "(including the wait for the heavy lock) into $CLUSTER_BIN"

@@ -9,52 +9,72 @@ source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 export KWOK_WORKDIR="$CLUSTER_STATE/kwok" KWOK_KUBECTL_BINARY="$CLUSTER_BIN/kubectl"
 kwokctl=("$CLUSTER_BIN/kwokctl" --name "$CLUSTER_NAME")
 kubectl=("$CLUSTER_BIN/kubectl" --kubeconfig "$CLUSTER_KUBECONFIG")
-start=$(date +%s)
 mkdir -p "$CLUSTER_STATE"
+# One cluster-up at a time (test sessions of several users may start together).
+exec 8>"$CLUSTER_STATE/up.lock"
+flock 8
+start=$(date +%s)
 
 api_ready() {
     [[ -s "$CLUSTER_KUBECONFIG" ]] && "${kubectl[@]}" get --raw /readyz >/dev/null 2>&1
 }
 
+# The components kwokctl starts outlive this script: they must not inherit the lock (fd 8).
 create() {
-    "${kwokctl[@]}" create cluster --runtime binary \
+    "${kwokctl[@]}" create cluster --runtime binary 8>&- \
         --kube-apiserver-binary "$CLUSTER_BIN/kube-apiserver" \
         --kube-controller-manager-binary "$CLUSTER_BIN/kube-controller-manager" \
         --kube-scheduler-binary "$CLUSTER_BIN/kube-scheduler" \
         --etcd-binary "$CLUSTER_BIN/etcd" \
         --kwok-controller-binary "$CLUSTER_BIN/kwok" \
+        --node-lease-duration-seconds 20 \
         --kubeconfig "$CLUSTER_KUBECONFIG" --wait 60s
 }
 
-# leader_fresh NAME: the component holds its leader lease and renewed it in the last 30 s.
-leader_fresh() {
-    local renew
-    renew=$("${kubectl[@]}" -n kube-system get lease "$1" -o jsonpath='{.spec.renewTime}' 2>/dev/null) || return 1
-    [[ -n "$renew" ]] && (($(date -d "$renew" +%s) > $(date +%s) - 30))
+# Count the leases renewed at or after $since, i.e. held by live components (a stopped
+# cluster leaves its leases behind until they expire).
+fresh_leases() {
+    local namespace=$1 since=$2 renewed=0 t
+    shift 2
+    for t in $("${kubectl[@]}" -n "$namespace" get lease "$@" \
+        -o jsonpath='{range .items[*]}{.spec.renewTime}{" "}{end}' 2>/dev/null); do
+        (($(date -d "$t" +%s) >= since)) && renewed=$((renewed + 1))
+    done
+    echo "$renewed"
+}
+
+# Ready: controller-manager and scheduler lead, kwok holds every node's lease, the nodes are
+# Ready and the controller-manager created the default ServiceAccount.
+cluster_ready() {
+    local since=$1 nodes
+    nodes=$("${kubectl[@]}" get nodes -l type=kwok -o name | wc -l)
+    (($(fresh_leases kube-system "$since" kube-controller-manager kube-scheduler) == 2)) &&
+        (($(fresh_leases kube-node-lease "$since") >= nodes)) &&
+        "${kubectl[@]}" wait --for=condition=Ready node --all --timeout=5s >/dev/null 2>&1 &&
+        "${kubectl[@]}" -n default get serviceaccount default >/dev/null 2>&1
 }
 
 if api_ready; then
     echo "cluster-up: reusing running cluster $CLUSTER_NAME" >&2
-elif [[ -d "$KWOK_WORKDIR/clusters/$CLUSTER_NAME" ]]; then
-    echo "cluster-up: restarting stopped cluster $CLUSTER_NAME" >&2
-    if ! { "${kwokctl[@]}" start cluster --wait 60s >&2 && api_ready; }; then
-        echo "cluster-up: restart failed; recreating $CLUSTER_NAME" >&2
-        "${kwokctl[@]}" delete cluster >&2 || true
-        create >&2
-    fi
+    since=$((start - 60))
 else
+    if [[ -d "$KWOK_WORKDIR/clusters/$CLUSTER_NAME" ]]; then
+        # A stopped cluster restarts slower than a new one starts (its components wait for
+        # the old leases to expire) and the tests need none of its state: replace it.
+        echo "cluster-up: replacing stopped cluster $CLUSTER_NAME" >&2
+        "${kwokctl[@]}" delete cluster 8>&- >&2
+    fi
     echo "cluster-up: creating cluster $CLUSTER_NAME ($KUBE_VERSION, etcd $ETCD_VERSION, kwok $KWOK_VERSION)" >&2
+    since=$start
     create >&2
 fi
 
-"$CLUSTER_SRC/nodes.sh" | "${kubectl[@]}" apply -f - >&2
+"$CLUSTER_SRC/nodes.sh" | "${kubectl[@]}" apply -f - >/dev/null
 
-deadline=$(($(date +%s) + 60))
-until leader_fresh kube-controller-manager && leader_fresh kube-scheduler &&
-    "${kubectl[@]}" wait --for=condition=Ready node --all --timeout=5s >/dev/null 2>&1 &&
-    "${kubectl[@]}" -n default get serviceaccount default >/dev/null 2>&1; do
+deadline=$((start + 120))
+until cluster_ready "$since"; do
     if (($(date +%s) > deadline)); then
-        echo "cluster-up: controller-manager, scheduler or nodes not ready after 60 s;" \
+        echo "cluster-up: not ready after $((deadline - start)) s;" \
             "logs: $KWOK_WORKDIR/clusters/$CLUSTER_NAME/logs" >&2
         exit 1
     fi

@@ -1,8 +1,8 @@
 """Fixtures for tests on a real Kubernetes control plane.
 
 The cluster is the one named by $KUBECONFIG when the user set it; otherwise the local
-kwokctl cluster (`cluster-up.sh`) is started for the session and stopped at its end
-(unless it was already running, or DISAGG_KEEP_CLUSTER=1).
+kwokctl cluster (`cluster-up.sh`) is started or reused, and stopped after the last test
+session that uses it ends if a test session started it (DISAGG_KEEP_CLUSTER=1 keeps it).
 
 Fixtures: `cluster_env`, `kubeconfig`, `kubectl`, `helm`, `k8s_api` (session scope) and
 `namespace` (a fresh namespace per test, deleted afterwards).
@@ -52,16 +52,18 @@ def kubeconfig(request: pytest.FixtureRequest, cluster_env: kube.ClusterEnv) -> 
         request.config.stash[STARTUP] = f"the user's cluster, KUBECONFIG={user_kubeconfig}"
         yield user_kubeconfig
         return
-    started_here = not kube.local_cluster_running(cluster_env)
+    session = kube.LocalClusterSession(cluster_env)
     start = time.monotonic()
-    path = kube.cluster_up()
-    how = "started" if started_here else "reused"
-    request.config.stash[STARTUP] = (
-        f"local kwokctl cluster {how}, ready in {time.monotonic() - start:.1f} s, KUBECONFIG={path}"
-    )
-    yield path
-    if started_here and os.environ.get("DISAGG_KEEP_CLUSTER") != "1":
-        kube.cluster_down()
+    try:
+        path, started = session.up()
+        how = "started" if started else "reused"
+        request.config.stash[STARTUP] = (
+            f"local kwokctl cluster {how}, ready in {time.monotonic() - start:.1f} s, "
+            f"KUBECONFIG={path}"
+        )
+        yield path
+    finally:
+        session.leave(keep=os.environ.get("DISAGG_KEEP_CLUSTER") == "1")
 
 
 @pytest.fixture(scope="session")

@@ -15,8 +15,9 @@ ETCD_VERSION="$(gomod_version go.etcd.io/etcd/server/v3)"
 KWOK_VERSION="$(gomod_version sigs.k8s.io/kwok)"
 HELM_VERSION="$(gomod_version helm.sh/helm/v3)"
 CLUSTER_BIN="$DISAGG_CACHE/k8s-$KUBE_VERSION/bin"
+# DISAGG_CLUSTER_NAME=x runs a second, separate cluster (state in $DISAGG_CACHE/cluster-x).
 CLUSTER_NAME="${DISAGG_CLUSTER_NAME:-disagg}"
-CLUSTER_STATE="$DISAGG_CACHE/cluster"
+CLUSTER_STATE="$DISAGG_CACHE/cluster${DISAGG_CLUSTER_NAME:+-$DISAGG_CLUSTER_NAME}"
 CLUSTER_KUBECONFIG="$CLUSTER_STATE/kubeconfig"
 BINARIES=(kube-apiserver kube-controller-manager kube-scheduler kubectl etcd kwok kwokctl helm)
 

@@ -7,6 +7,7 @@ names its versions and paths. The pytest fixtures in `conftest.py` wrap these he
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
@@ -30,6 +31,7 @@ class ClusterEnv:
 
     kube_version: str
     bin_dir: Path
+    state_dir: Path
     kubeconfig: Path
 
     @property
@@ -52,6 +54,7 @@ def cluster_env() -> ClusterEnv:
     return ClusterEnv(
         kube_version=values["KUBE_VERSION"],
         bin_dir=Path(values["CLUSTER_BIN"]),
+        state_dir=Path(values["CLUSTER_STATE"]),
         kubeconfig=Path(values["CLUSTER_KUBECONFIG"]),
     )
 
@@ -72,6 +75,41 @@ def cluster_up() -> Path:
 def cluster_down() -> None:
     """Stop the local cluster and remove its state."""
     subprocess.run(["bash", str(HERE / "cluster-down.sh")], check=True, capture_output=True)
+
+
+class LocalClusterSession:
+    """One test session's use of the local cluster.
+
+    Sessions hold a shared lock on a file in the cluster's state folder while they use it. The
+    last session to leave stops the cluster if a test session started it; a cluster started by
+    hand (`make cluster-up`) keeps running.
+    """
+
+    def __init__(self, env: ClusterEnv) -> None:
+        self.env = env
+        env.state_dir.mkdir(parents=True, exist_ok=True)
+        self._started_by_tests = env.state_dir / "started-by-tests"
+        self._users = (env.state_dir / "users.lock").open("a")
+        fcntl.flock(self._users, fcntl.LOCK_SH)
+
+    def up(self) -> tuple[Path, bool]:
+        """Start or reuse the cluster; return its kubeconfig and whether this call started it."""
+        started = not local_cluster_running(self.env)
+        if started:
+            self._started_by_tests.touch()
+        return cluster_up(), started
+
+    def leave(self, keep: bool) -> None:
+        """Stop using the cluster; stop it too when last out, unless `keep`."""
+        try:
+            if not keep and self._started_by_tests.exists():
+                fcntl.flock(self._users, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                cluster_down()
+                self._started_by_tests.unlink(missing_ok=True)
+        except BlockingIOError:
+            pass  # another session still uses the cluster; the last one stops it
+        finally:
+            self._users.close()
 
 
 def local_cluster_running(env: ClusterEnv) -> bool:
