@@ -31,6 +31,7 @@ import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 STANDIN = ROOT / "tests" / "unit" / "engine_standin.py"
 MODEL = "standin-model"
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+ROUNDS = 3
 
 
 def free_port() -> int:
@@ -100,15 +102,32 @@ async def read_stream(client: httpx.AsyncClient, url: str, body: dict[str, Any])
 Call = Callable[[httpx.AsyncClient, dict[str, Any]], Awaitable[bool]]
 
 
-async def run_level(call: Call, concurrency: int, requests: int, tokens: int) -> dict[str, Any]:
-    """``requests`` streamed turns over ``concurrency`` conversations; latency per request."""
-    latencies: list[float] = []
-    errors = 0
+@dataclass
+class Samples:
+    """Latencies, errors and busy time of one mode at one concurrency level."""
+
+    latencies: list[float] = field(default_factory=list)
+    errors: int = 0
+    wall_s: float = 0.0
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "requests": len(self.latencies),
+            "errors": self.errors,
+            "p50_ms": round(statistics.median(self.latencies) * 1000, 3),
+            "p99_ms": round(percentile(self.latencies, 0.99) * 1000, 3),
+            "requests_per_s": round(len(self.latencies) / self.wall_s, 1),
+        }
+
+
+async def run_batch(
+    call: Call, concurrency: int, requests: int, tokens: int, tag: str, samples: Samples
+) -> None:
+    """``requests`` streamed turns over ``concurrency`` conversations, added to ``samples``."""
     per_worker = max(1, requests // concurrency)
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=concurrency * 2)
 
     async def worker(index: int, client: httpx.AsyncClient) -> None:
-        nonlocal errors
         messages = [{"role": "user", "content": f"conversation {index} opening question"}]
         for turn in range(per_worker):
             body = {
@@ -116,29 +135,21 @@ async def run_level(call: Call, concurrency: int, requests: int, tokens: int) ->
                 "messages": messages,
                 "stream": True,
                 "max_tokens": tokens,
-                "conversation_id": f"bench-{concurrency}-{index}",
+                "conversation_id": f"bench-{tag}-{index}",
             }
             started = time.perf_counter()
             try:
                 ok = await call(client, body)
             except httpx.HTTPError:
                 ok = False
-            latencies.append(time.perf_counter() - started)
-            errors += not ok
+            samples.latencies.append(time.perf_counter() - started)
+            samples.errors += not ok
             messages = [*messages, {"role": "user", "content": f"follow-up {turn}"}]
 
     async with httpx.AsyncClient(limits=limits, timeout=60) as client:
         started = time.perf_counter()
         await asyncio.gather(*(worker(i, client) for i in range(concurrency)))
-        elapsed = time.perf_counter() - started
-    return {
-        "requests": len(latencies),
-        "errors": errors,
-        "p50_ms": round(statistics.median(latencies) * 1000, 3),
-        "p99_ms": round(percentile(latencies, 0.99) * 1000, 3),
-        "requests_per_s": round(len(latencies) / elapsed, 1),
-        "wall_s": round(elapsed, 3),
-    }
+        samples.wall_s += time.perf_counter() - started
 
 
 def main() -> None:
@@ -180,21 +191,28 @@ def main() -> None:
         process([*standin, "--role", "decode", "--port", str(ports["decode"])], urls["decode"]),
         process(router_cmd, urls["router"]) as router,
     ):
-        asyncio.run(run_level(via_router, 4, 64, args.tokens))  # warm-up
-        asyncio.run(run_level(direct_pd, 4, 64, args.tokens))
+        modes = {"direct_decode": direct_decode, "direct_pd": direct_pd, "router": via_router}
+        for call in modes.values():
+            asyncio.run(run_batch(call, 4, 64, args.tokens, "warm-up", Samples()))
         for concurrency in args.levels:
-            requests = max(args.requests, concurrency * 2)
+            batch = max(args.requests // ROUNDS, concurrency * 2)
+            samples = {name: Samples() for name in modes}
+            router_cpu_s = 0.0
+            for round_index in range(ROUNDS):  # modes interleaved: load drift hits all alike
+                for name, call in modes.items():
+                    cpu_before = cpu_seconds(router.pid)
+                    tag = f"{concurrency}-{round_index}"
+                    asyncio.run(
+                        run_batch(call, concurrency, batch, args.tokens, tag, samples[name])
+                    )
+                    if name == "router":
+                        router_cpu_s += cpu_seconds(router.pid) - cpu_before
             level: dict[str, Any] = {"concurrency": concurrency}
-            level["direct_decode"] = asyncio.run(
-                run_level(direct_decode, concurrency, requests, args.tokens)
+            level.update({name: samples[name].summary() for name in modes})
+            level["router"]["cpu_cores"] = round(router_cpu_s / samples["router"].wall_s, 2)
+            level["router"]["cpu_ms_per_request"] = round(
+                router_cpu_s * 1000 / len(samples["router"].latencies), 3
             )
-            level["direct_pd"] = asyncio.run(
-                run_level(direct_pd, concurrency, requests, args.tokens)
-            )
-            cpu_before = cpu_seconds(router.pid)
-            level["router"] = asyncio.run(run_level(via_router, concurrency, requests, args.tokens))
-            wall = level["router"]["wall_s"]
-            level["router"]["cpu_cores"] = round((cpu_seconds(router.pid) - cpu_before) / wall, 2)
             level["router"]["rss_mib"] = round(rss_mib(router.pid), 1)
             for base in ("direct_decode", "direct_pd"):
                 for stat in ("p50_ms", "p99_ms"):
@@ -209,7 +227,11 @@ def main() -> None:
         "server_stack": {
             name: importlib.util.find_spec(name) is not None for name in ("uvloop", "httptools")
         },
-        "settings": {"tokens": args.tokens, "requests_per_level": args.requests},
+        "settings": {
+            "tokens": args.tokens,
+            "requests_per_level_and_mode": args.requests,
+            "rounds": ROUNDS,
+        },
         "levels": levels,
     }
     args.output.write_text(json.dumps(report, indent=2) + "\n")
