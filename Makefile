@@ -88,3 +88,12 @@ HEAVY_LOCK ?= /tmp/disagg-heavy.lock
 bench-local: venv
 	bash tests/engine/setup_env.sh
 	flock $(HEAVY_LOCK) $(BIN)/python benchmarks/local_ttft.py
+
+## ---- Router ------------------------------------------------------------------
+# `disagg router` tests run with test-unit (stand-in engines; a throwaway redis-server that
+# tests/unit/redis_server.sh installs from Debian when missing) and test-engine (real engines).
+# bench-router: overhead and throughput vs engine stand-ins at 1..256 streams, as JSON
+# (about 2 min on 2 cores, under the heavy-job lock).
+.PHONY: bench-router
+bench-router: venv
+	flock $(HEAVY_LOCK) $(BIN)/python benchmarks/router_overhead.py
