@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 import socket
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -189,4 +190,34 @@ def redis_server() -> Iterator[str]:
         yield f"redis://127.0.0.1:{port}/0"
     finally:
         process.terminate()
+        process.wait(timeout=10)
+
+
+@contextmanager
+def router_process(prefill: list[str], decode: list[str], *options: str) -> Iterator[str]:
+    """``disagg router`` as a separate process (SIGKILLed on exit); yields its base URL."""
+    with bind_loopback() as sock:
+        port = sock.getsockname()[1]
+    command = [
+        sys.executable, "-m", "disagg_operator.cli", "router", "--host", "127.0.0.1",
+        "--port", str(port), "--prefill", *prefill, "--decode", *decode, *options,
+    ]  # fmt: skip
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if process.poll() is not None or time.monotonic() > deadline:
+                process.kill()
+                stderr = process.communicate()[1].decode(errors="replace")
+                raise RuntimeError(f"router process did not become healthy: {stderr[-2000:]}")
+            time.sleep(0.1)
+        yield url
+    finally:
+        process.kill()
         process.wait(timeout=10)

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from router_harness import RouterRig, metric, redis_server, start_engine
+from router_harness import RouterRig, metric, redis_server, router_process, start_engine
 
 MODEL = "standin-model"
 
@@ -42,31 +42,35 @@ def hits(router_url: str) -> float:
         return metric(client, "disagg_router_conversation_lookups_total", result="hit")
 
 
-def test_alternating_turns_between_two_routers_still_hit(rig: RouterRig, redis_url: str) -> None:
-    prefix = "alt:"
-    routers = [rig.start_router(store="redis", redis_url=redis_url, redis_prefix=prefix)]
-    routers.append(rig.start_router(store="redis", redis_url=redis_url, redis_prefix=prefix))
-    messages: list[dict[str, str]] = []
-    for index in range(6):
-        messages.append({"role": "user", "content": f"turn {index}"})
-        answer = turn(routers[index % 2].url, messages, "shared")
-        messages.append({"role": "assistant", "content": answer})
-    assert hits(routers[0].url) + hits(routers[1].url) == 5
+def test_alternating_turns_between_two_router_processes_still_hit(
+    rig: RouterRig, redis_url: str
+) -> None:
+    prefill, decode = [e.url for e in rig.prefill], [e.url for e in rig.decode]
+    options = ("--store", "redis", "--redis-url", redis_url, "--redis-prefix", "alt:")
+    with (
+        router_process(prefill, decode, *options) as first,
+        router_process(prefill, decode, *options) as second,
+    ):
+        messages: list[dict[str, str]] = []
+        for index in range(6):
+            messages.append({"role": "user", "content": f"turn {index}"})
+            answer = turn((first, second)[index % 2], messages, "shared")
+            messages.append({"role": "assistant", "content": answer})
+        assert hits(first) + hits(second) == 5
     assert sum(len(e.state.reads) for e in rig.prefill) == 5
     served = sorted(len(e.state.received) for e in rig.decode)
     assert served == [0, 6], "both routers keep the conversation on one decode"
 
 
-def test_router_restart_keeps_conversations(rig: RouterRig, redis_url: str) -> None:
-    options = {"store": "redis", "redis_url": redis_url, "redis_prefix": "restart:"}
-    first = rig.start_router(**options)
+def test_router_killed_and_restarted_keeps_conversations(rig: RouterRig, redis_url: str) -> None:
+    prefill, decode = [e.url for e in rig.prefill], [e.url for e in rig.decode]
+    options = ("--store", "redis", "--redis-url", redis_url, "--redis-prefix", "restart:")
     messages = [{"role": "user", "content": "before restart"}]
-    turn(first.url, messages, "durable")
-    first.stop()
-    rig.routers.remove(first)
-    second = rig.start_router(**options)
-    turn(second.url, messages, "durable")
-    assert hits(second.url) == 1
+    with router_process(prefill, decode, *options) as first:
+        turn(first, messages, "durable")
+    with router_process(prefill, decode, *options) as second:
+        turn(second, messages, "durable")
+        assert hits(second) == 1
 
 
 def test_api_key_scoping_holds_across_routers(rig: RouterRig, redis_url: str) -> None:
