@@ -37,6 +37,10 @@ if have_all; then
 fi
 
 export CGO_ENABLED=0 GOTOOLCHAIN=local
+if ! go version 2>/dev/null | grep -qE 'go1\.(2[6-9]|[3-9][0-9])'; then
+    echo "cluster-bin: needs Go >= 1.26 on PATH (found: $(go version 2>&1 | tail -1))" >&2
+    exit 1
+fi
 
 cd "$CLUSTER_GO"
 start=$(date +%s)
