@@ -45,6 +45,7 @@ class StandinState:
     publish_expiry_s: float | None = None
     delay_s: float = 0.0
     token_delay_s: float = 0.0
+    break_stream_after: int | None = None
     fail_statuses: list[int] = field(default_factory=list)
     received: list[dict[str, Any]] = field(default_factory=list)
     reads: list[dict[str, Any]] = field(default_factory=list)
@@ -219,6 +220,8 @@ async def _stream(
     if chat:
         yield event([piece("", None, role=True)])
     for index, word in enumerate(words):
+        if index == state.break_stream_after:
+            raise ConnectionAbortedError("stand-in breaks the stream off")
         if state.token_delay_s:
             await asyncio.sleep(state.token_delay_s)
         last = index == len(words) - 1

@@ -262,3 +262,27 @@ def test_decode_restarted_in_place_does_not_get_stale_reads(
     assert turn(client).status_code == 200
     assert lookups(client, "stale") == 1, "its retained KV died with the old process"
     assert [r for e in rig.prefill for r in e.state.reads] == []
+
+
+def test_decode_stream_breaking_off_ends_with_an_error_event(
+    rig: RouterRig, client: httpx.Client
+) -> None:
+    assert turn(client).status_code == 200
+    for engine in rig.decode:
+        engine.state.break_stream_after = 3
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "hello"}],
+        "conversation_id": "c",
+        "stream": True,
+    }
+    response = client.post("/v1/chat/completions", json=body)
+    assert response.status_code == 200
+    last = response.text.strip().split("\n\n")[-1]
+    assert last.startswith("data: ") and '"error"' in last
+    labels = {"endpoint": "/v1/chat/completions", "outcome": "upstream_error"}
+    assert metric(client, "disagg_router_requests_total", **labels) == 1
+    for engine in rig.decode:
+        engine.state.break_stream_after = None
+    assert turn(client).status_code == 200
+    assert lookups(client, "miss") == 2, "the broken turn stored nothing"
