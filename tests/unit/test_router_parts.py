@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import sys
 import time
@@ -210,3 +211,15 @@ def test_endpoint_slices_yield_ready_endpoints_on_the_named_port() -> None:
     ]
     state.apply("DELETED", ready)
     assert state.urls() == ["http://10.0.0.3:8200"]
+
+
+def test_json_logs_are_one_object_per_line() -> None:
+    from disagg_connector.router.server import JsonFormatter
+
+    record = logging.LogRecord(
+        "disagg.router", logging.INFO, __file__, 1, "Prefill done in %dms", (12,), None
+    )
+    line = JsonFormatter().format(record)
+    assert "\n" not in line
+    assert json.loads(line)["message"] == "Prefill done in 12ms"
+    assert json.loads(line)["level"] == "INFO"
