@@ -21,7 +21,7 @@ def test_scripted_run_counts(caplog: pytest.LogCaptureFixture) -> None:
     ):
         messages = [{"role": "user", "content": "one two three four"}]
         for _ in range(3):
-            body = {"model": MODEL, "messages": messages, "conversation_id": "m"}
+            body: dict[str, object] = {"model": MODEL, "messages": messages, "conversation_id": "m"}
             assert client.post(CHAT, json=body).status_code == 200
         body = {"model": MODEL, "messages": messages, "stream": True}
         assert client.post(CHAT, json=body).status_code == 200

@@ -51,7 +51,7 @@ def test_conversation_ttl_must_stay_below_decode_ttl_minus_margin() -> None:
         (RouterConfig(URLS, URLS, max_body_bytes=0), "--max-body-bytes"),
         (RouterConfig(URLS, URLS, health_interval_s=0), "--health-interval"),
         (RouterConfig(URLS, URLS, log_format="xml"), "--log-format"),
-        (RouterConfig(URLS, URLS, store="mongo"), "--store"),  # type: ignore[arg-type]
+        (RouterConfig(URLS, URLS, store="mongo"), "--store"),
     ],
 )
 def test_invalid_settings_name_their_flag(config: RouterConfig, flag: str) -> None:
