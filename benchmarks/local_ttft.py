@@ -107,6 +107,7 @@ def main() -> int:
                 "off": "same servers restarted with bidirectional_kv_xfer false",
             },
             "wall_seconds": round(time.monotonic() - started),
+            "subtitle": SUBTITLE,
         },
     )
     outputs = write_outputs(result, args.json_dir, args.figure_dir, subtitle=SUBTITLE)

@@ -73,6 +73,7 @@ def test_prefill_figure_pairs_stacked_bars_per_length(tmp_path: Path) -> None:
     assert [bar.get_height() for bar in on_compute] == [700, 700]
     assert [bar.get_height() for bar in on_transfer] == [0, 80]
     assert [bar.get_y() for bar in on_transfer] == [700, 700], "transfer stacks on compute"
+    assert [text.get_text() for text in axes.texts] == ["", "KV 80 ms"], "transfer in ms on top"
     assert png_size(save(figure, tmp_path / "prefill.png")) == (990, 550)
 
 

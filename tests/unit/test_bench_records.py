@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from disagg_connector.bench.records import BenchResult, Leg, TurnRecord
+from disagg_operator.cli import main
 
 
 def test_result_round_trips(tmp_path: Path) -> None:
@@ -33,3 +34,23 @@ def test_load_refuses_other_files(tmp_path: Path) -> None:
     path.write_text(json.dumps({"schema": "x", "records": []}))
     with pytest.raises(ValueError, match="field 'schema'"):
         BenchResult.load(path)
+
+
+def test_cli_redraws_a_saved_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    result = BenchResult(
+        "m",
+        [
+            TurnRecord(Leg.OFF, "c", 1, 2000, 900.0, prefill_ms=850.0),
+            TurnRecord(Leg.ON, "c", 1, 2000, 450.0, prefill_ms=400.0, kv_transfer_ms=20.0),
+        ],
+        {"subtitle": "saved subtitle"},
+    )
+    saved = tmp_path / "ttft-m.json"
+    result.save(saved)
+    out = tmp_path / "figures"
+    assert main(["bench", "--from-json", str(saved), "--figure-dir", str(out)]) == 0
+    assert "OFF/ON at 2000 tokens: 2.00x" in capsys.readouterr().out
+    assert sorted(p.name for p in out.iterdir()) == ["prefill-m.png", "ttft-m.png"]
+    saved.write_text("{}")
+    assert main(["bench", "--from-json", str(saved), "--figure-dir", str(out)]) == 2
+    assert "field 'schema'" in capsys.readouterr().err

@@ -68,6 +68,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "ON_FILE [OFF_FILE]",
     )
     output.add_argument(
+        "--from-json",
+        type=Path,
+        metavar="FILE",
+        help="redraw the figures and the table of a saved run (ttft-<model>.json) without running",
+    )
+    output.add_argument(
         "--bin-tokens",
         type=int,
         default=1000,
@@ -81,6 +87,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.from_vllm_stats:
             return _plot_vllm_stats(args)
+        if args.from_json:
+            return _replot(args)
         if not args.router:
             raise ValueError("--router URL is required (or --from-vllm-stats FILE)")
         return _run_router(args)
@@ -107,6 +115,22 @@ def _plot_vllm_stats(args: argparse.Namespace) -> int:
     if len(files) == 2:
         print(summary(result, key))
     _print_outputs(outputs.json_path, outputs.figures)
+    return 0
+
+
+def _replot(args: argparse.Namespace) -> int:
+    from disagg_connector.bench.report import summary, write_outputs
+
+    try:
+        result = BenchResult.load(args.from_json)
+    except (OSError, KeyError, TypeError) as exc:
+        raise ValueError(
+            f"--from-json {args.from_json}: not a disagg bench result ({exc})"
+        ) from None
+    subtitle = args.subtitle or str(result.setup.get("subtitle", ""))
+    outputs = write_outputs(result, None, args.figure_dir, subtitle=subtitle)
+    print(summary(result))
+    _print_outputs(None, outputs.figures)
     return 0
 
 
@@ -137,6 +161,7 @@ def _run_router(args: argparse.Namespace) -> int:
             "answer_tokens": sweep.answer_tokens,
             "tokens_per_word": calibration.tokens_per_word,
             "legs": {t.leg.value: t.describe() for t in targets},
+            "subtitle": args.subtitle,
         },
     )
     for target in targets:

@@ -86,10 +86,17 @@ def prefill_figure(on: list[Point], off: list[Point], model: str, subtitle: str 
         xs = [x + offset for x in positions]
         axes.bar(xs, compute, width, color=color, label=f"{leg.upper()}: {part}")
         if leg == "on" and measured:
-            transfer = [_transfer(by_length[leg].get(n)) / scale for n in lengths]
-            axes.bar(
-                xs, transfer, width, bottom=compute, color=XFER_COLOR, label="ON: KV transfer D->P"
+            transfer_ms = [_transfer(by_length[leg].get(n)) for n in lengths]
+            stacked = axes.bar(
+                xs,
+                [ms / scale for ms in transfer_ms],
+                width,
+                bottom=compute,
+                color=XFER_COLOR,
+                label="ON: KV transfer D->P",
             )
+            labels = [f"KV {ms:.0f} ms" if ms else "" for ms in transfer_ms]
+            axes.bar_label(stacked, labels=labels, fontsize=7, padding=3, rotation=90)
     axes.set_xticks(positions, [_tokens_label(n) for n in lengths])
     axes.set_xlabel("prompt length (tokens)")
     axes.set_ylabel(f"prefill duration ({unit})")
