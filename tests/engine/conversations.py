@@ -111,9 +111,9 @@ def run_chat_turns(
 
 
 def chat_prompt_ids(tok: PreTrainedTokenizerBase, messages: list[dict[str, Any]]) -> list[int]:
-    """Token ids vLLM builds for ``messages`` (chat template, generation prompt)."""
-    ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-    return list(ids["input_ids"] if isinstance(ids, dict) else ids)
+    """Token ids vLLM builds for ``messages``: the rendered template, no extra special tokens."""
+    text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return list(tok.encode(text, add_special_tokens=False))
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:

