@@ -292,6 +292,7 @@ class Reconciler:
         patch: dict[str, Any] = {k: None for k in previous if k not in new}
         patch.update(new)
         meta = owner["metadata"]
+        self._log.debug("status of %s/%s: %s -> %s", meta["namespace"], meta["name"], previous, new)
         try:
             self._api.patch_status(DISAGGREGATED_MODELS, meta["namespace"], meta["name"], patch)
         except ApiException as exc:

@@ -14,7 +14,17 @@ from operator_harness import OperatorProcess, apply_crds
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "unit"))
 
-from dmodel_samples import resource, spec_with  # noqa: E402
+from dmodel_samples import INVALID_SPECS, resource, spec_with  # noqa: E402
+
+__all__ = [
+    "INVALID_SPECS",
+    "StartOperator",
+    "crds",
+    "resource",
+    "small_model",
+    "spec_with",
+    "start_operator",
+]
 
 StartOperator = Callable[..., OperatorProcess]
 

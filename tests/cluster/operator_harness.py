@@ -155,7 +155,7 @@ class ApiProxy:
         self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None))
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_route("*", "/{tail:.*}", self._forward)
-        self._runner = web.AppRunner(app)
+        self._runner = web.AppRunner(app, shutdown_timeout=2, handler_cancellation=True)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
         await site.start()
@@ -173,24 +173,25 @@ class ApiProxy:
             Request(time.monotonic(), request.method, request.path, request.query_string)
         )
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}
+        body = await request.read()
         async with self._session.request(
             request.method,
             self._upstream + request.path_qs,
             headers={**headers, **self._auth},
-            data=await request.read(),
+            data=body or None,
             ssl=self._ssl,
         ) as upstream:
             response = web.StreamResponse(
                 status=upstream.status,
                 headers={k: v for k, v in upstream.headers.items() if k.lower() not in HOP_HEADERS},
             )
-            await response.prepare(request)
             try:
+                await response.prepare(request)
                 async for chunk in upstream.content.iter_any():
                     await response.write(chunk)
+                await response.write_eof()
             except (ConnectionResetError, aiohttp.ClientError):
-                return response
-            await response.write_eof()
+                pass  # the client went away (a watch it closed, or a stopped operator)
             return response
 
     def writes(self, since: float = 0.0) -> list[Request]:
