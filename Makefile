@@ -79,6 +79,20 @@ chart-sync: crds cluster-bin
 chart-lint: cluster-bin
 	bash -c 'source tests/cluster/env.sh && "$$CLUSTER_BIN/helm" lint --strict $(CHART)'
 
+## ---- Operator ---------------------------------------------------------------
+# `disagg operator` (kopf) against the current kubeconfig; the chart's copy of its RBAC rules;
+# the scale benchmark (N models at once on the local control plane; see benchmarks/).
+.PHONY: operator-run operator-rbac bench-operator
+
+operator-run: venv
+	$(BIN)/disagg operator --all-namespaces
+
+operator-rbac: venv
+	$(BIN)/python -m disagg_operator.rbac --write
+
+bench-operator: venv cluster-bin
+	flock $(HEAVY_LOCK) $(BIN)/python benchmarks/operator_scale.py
+
 ## ---- Demo ------------------------------------------------------------------
 # The README's first command (demo/demo.sh): the local control plane, the operator chart, the
 # operator as a local process, the example models Ready; then the connector config the operator

@@ -1,0 +1,51 @@
+"""The operator's RBAC rules: no wildcards, every child kind applied, no delete, the chart's
+copy current, and every permission the operator grants a router held by the operator."""
+
+from __future__ import annotations
+
+from disagg_operator.rbac import RULES_PATH, namespaced_rules, peering_rules, rules_yaml
+from disagg_operator.render import ROUTER_RULES
+from disagg_operator.resources import CHILD_RESOURCES
+
+
+def _all_rules() -> list[dict[str, list[str]]]:
+    return [*namespaced_rules(), *peering_rules(False), *peering_rules(True)]
+
+
+def _grants(group: str, resource: str, verb: str) -> bool:
+    return any(
+        group in r["apiGroups"] and resource in r["resources"] and verb in r["verbs"]
+        for r in namespaced_rules()
+    )
+
+
+def test_chart_copy_is_current() -> None:
+    assert RULES_PATH.read_text() == rules_yaml(), "run `make operator-rbac`"
+
+
+def test_no_wildcards_and_no_delete() -> None:
+    for rule in _all_rules():
+        for values in rule.values():
+            assert "*" not in values, rule
+        assert "delete" not in rule["verbs"] and "deletecollection" not in rule["verbs"], rule
+
+
+def test_every_child_kind_can_be_applied_and_watched() -> None:
+    for resource in CHILD_RESOURCES:
+        for verb in ("get", "list", "watch", "create", "patch"):
+            assert _grants(resource.group, resource.plural, verb), (resource.plural, verb)
+
+
+def test_secrets_are_only_read_by_name() -> None:
+    secret_verbs = {
+        v for r in namespaced_rules() if "secrets" in r["resources"] for v in r["verbs"]
+    }
+    assert secret_verbs == {"get"}
+
+
+def test_operator_holds_what_it_grants_routers() -> None:
+    for rule in ROUTER_RULES:
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                for verb in rule["verbs"]:
+                    assert _grants(group, resource, verb), (group, resource, verb)
