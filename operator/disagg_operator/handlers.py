@@ -131,15 +131,22 @@ async def child_changed(
     memo: kopf.Memo,
     **kwargs: Any,
 ) -> None:
-    """A child or pod changed (or vanished): re-check its model."""
-    owners = kwargs[MODELS_INDEX].get((namespace, labels.get(INSTANCE_LABEL)), [])
-    for owner in owners:
+    """A child or pod changed (or vanished): re-check its model soon (bursts coalesce)."""
+    key = (namespace or "", labels.get(INSTANCE_LABEL, ""))
+    reconciler: Reconciler = memo.reconciler
+    models = kwargs[MODELS_INDEX]
+    for owner in list(models.get(key, [])):
+        uid = owner["metadata"]["uid"]
         if type == "DELETED":
-            reconciler: Reconciler = memo.reconciler
-            reconciler.forget_child(
-                owner["metadata"]["uid"], (body["kind"], body["metadata"]["name"])
-            )
-        await _reconcile(owner, memo, kwargs)
+            reconciler.forget_child(uid, (body["kind"], body["metadata"]["name"]))
+
+        def read(uid: str = uid) -> tuple[Mapping[str, Any], Live] | None:
+            current = [m for m in models.get(key, []) if m["metadata"]["uid"] == uid]
+            return (current[0], _live(key, kwargs)) if current else None
+
+        outcome = await reconciler.reconcile_soon(uid, read)
+        if outcome is not None:
+            _post(owner, outcome)
 
 
 def _register() -> None:

@@ -14,7 +14,7 @@ import functools
 import json
 import logging
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +40,9 @@ ChildKey = tuple[str, str]
 
 RENDER_CACHE_SIZE = 1024
 """Rendered children kept per (model uid, spec): child events re-check without re-rendering."""
+
+COALESCE_DELAY_S = 0.5
+"""Child events arriving this close together share one pass (a rollout is a burst of events)."""
 
 REFUSED_STATUSES = frozenset({400, 403, 404, 409, 422})
 """Apply errors a retry will not fix by itself: reported as Degraded (ApplyFailed)."""
@@ -129,6 +132,7 @@ class Reconciler:
         self._log = logger or logging.getLogger(__name__)
         self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
         self._written: dict[str, tuple[dict[str, Any], str]] = {}
+        self._pending: set[str] = set()
         self._recent: dict[str, dict[ChildKey, Mapping[str, Any]]] = {}
         """Children applied by this process that kopf's indexes may not show yet, per model."""
 
@@ -163,6 +167,31 @@ class Reconciler:
             lock = self._locks[uid] = asyncio.Lock()
         async with lock:
             return await asyncio.to_thread(self._pass, owner, live)
+
+    async def reconcile_soon(
+        self, uid: str, read: Callable[[], tuple[Mapping[str, Any], Live] | None]
+    ) -> Outcome | None:
+        """Run one pass shortly, on the state `read` returns then; None when coalesced.
+
+        While a pass of the model is waiting to start, further calls return at once: that pass
+        reads the state after they were made, so it covers them.
+        """
+        if uid in self._pending:
+            return None
+        self._pending.add(uid)
+        try:
+            await asyncio.sleep(COALESCE_DELAY_S)
+            lock = self._locks.get(uid)
+            if lock is None:
+                lock = self._locks[uid] = asyncio.Lock()
+            async with lock:
+                self._pending.discard(uid)
+                state = read()
+                if state is None:
+                    return None
+                return await asyncio.to_thread(self._pass, *state)
+        finally:
+            self._pending.discard(uid)
 
     def _previous(self, owner: Mapping[str, Any]) -> dict[str, Any]:
         """The newest status known: ours if the owner body predates our last write."""
