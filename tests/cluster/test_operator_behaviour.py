@@ -290,3 +290,25 @@ def test_invalid_objects_are_refused_by_the_api_server_and_never_reach_the_opera
         assert case.path in proc.stderr, (case.id, proc.stderr)
     assert kubectl.json("-n", namespace, "get", "dmodel")["items"] == []
     assert "bad-" not in operator.log()
+
+
+def test_deleting_the_model_leaves_cleanup_to_the_garbage_collector(
+    kubectl: kube.Kubectl,
+    namespace: str,
+    start_operator: StartOperator,  # noqa: F811
+) -> None:
+    start_operator()
+    model = _ready_model(kubectl, namespace)
+    assert not model["metadata"].get("finalizers"), "nothing blocks deletion"
+    kubectl("-n", namespace, "delete", "dmodel", NAME, "--wait=false")
+
+    def all_gone() -> bool:
+        left = kubectl.json(
+            "-n", namespace, "get", "statefulsets,services,configmaps,deployments,serviceaccounts,"
+            "roles,rolebindings,pods", "-l", f"app.kubernetes.io/instance={NAME}",
+        )["items"]  # fmt: skip
+        return not left
+
+    kube.wait_for(all_gone, what="the garbage collector to remove every child", timeout_s=120)
+    time.sleep(3)
+    assert all_gone(), "the operator re-created a child of a deleted model"
