@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from disagg_connector.launch_config import (
     LaunchConfigError,
     Role,
@@ -15,6 +16,10 @@ from disagg_connector.launch_config import (
 )
 from disagg_connector.launcher import vllm_command
 from disagg_connector.vllm_facts import kv_transfer_config_keys
+from disagg_operator.connector_config import config_map_data
+from disagg_operator.models import DisaggregatedModelSpec
+from disagg_operator.names import Component
+from dmodel_samples import EXAMPLES
 
 ACCEPTED = frozenset(
     {
@@ -133,3 +138,12 @@ def test_accepted_keys_are_read_from_vllm_source(tmp_path: Path) -> None:
         '    """doc"""\n    def method(self) -> None:\n        y: int = 2\n'
     )
     assert kv_transfer_config_keys(tmp_path) == {"kv_role", "kv_port"}
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda path: path.stem)
+def test_operator_rendered_configs_pass_the_launcher(example: Path) -> None:
+    """The contract: what ``disagg render`` puts in the connector ConfigMap serves as is."""
+    spec = DisaggregatedModelSpec.model_validate(yaml.safe_load(example.read_text())["spec"])
+    for role, component in ((Role.PREFILL, Component.PREFILL), (Role.DECODE, Component.DECODE)):
+        rendered = json.loads(config_map_data(spec)[f"{component}.json"])
+        assert check(rendered, role) == rendered
