@@ -28,20 +28,20 @@ kubectl get nodes -L node.kubernetes.io/instance-type
 
 step "2/6 helm install charts/disagg-operator (CRD, RBAC, ServiceAccount, peering)"
 helm upgrade --install "$RELEASE" charts/disagg-operator --namespace "$OPERATOR_NS" \
-    --create-namespace --set replicaCount=0 --wait --timeout 3m
+    --create-namespace --set replicaCount=0 --wait --timeout 3m >"$STATE/helm.log"
+helm list --namespace "$OPERATOR_NS"
 echo "replicaCount=0: kwok's fake nodes run no containers, so the operator Deployment is scaled"
 echo "to zero and the same operator runs below as a local process, as the chart's ServiceAccount."
 
 step "3/6 disagg operator (local process, all namespaces, peering $RELEASE)"
 operator_pid="$STATE/operator.pid"
-if [[ -f "$operator_pid" ]] && kill -0 "$(cat "$operator_pid")" 2>/dev/null; then
-    echo "operator already running (pid $(cat "$operator_pid")); log: $STATE/operator.log"
-else
-    server=$(kubectl config view --minify --raw -o jsonpath='{.clusters[0].cluster.server}')
-    ca=$(kubectl config view --minify --raw \
-        -o jsonpath='{.clusters[0].cluster.certificate-authority-data}')
-    token=$(kubectl -n "$OPERATOR_NS" create token "$RELEASE" --duration 24h)
-    cat >"$STATE/operator.kubeconfig" <<YAML
+# Restarted on every run: a previous run's operator may hold a token of a cluster since replaced.
+bash demo/down.sh --operator-only
+server=$(kubectl config view --minify --flatten -o jsonpath='{.clusters[0].cluster.server}')
+ca=$(kubectl config view --minify --flatten \
+    -o jsonpath='{.clusters[0].cluster.certificate-authority-data}')
+token=$(kubectl -n "$OPERATOR_NS" create token "$RELEASE" --duration 24h)
+cat >"$STATE/operator.kubeconfig" <<YAML
 apiVersion: v1
 kind: Config
 clusters: [{name: demo, cluster: {server: "$server", certificate-authority-data: "$ca"}}]
@@ -49,15 +49,14 @@ users: [{name: $RELEASE, user: {token: "$token"}}]
 contexts: [{name: demo, context: {cluster: demo, user: $RELEASE}}]
 current-context: demo
 YAML
-    chmod 600 "$STATE/operator.kubeconfig"
-    KUBECONFIG="$STATE/operator.kubeconfig" nohup "$BIN/disagg" operator --all-namespaces \
-        --peering "$RELEASE" --log-format plain >"$STATE/operator.log" 2>&1 &
-    echo $! >"$operator_pid"
-    sleep 3
-    kill -0 "$(cat "$operator_pid")" || { cat "$STATE/operator.log"; exit 1; }
-    echo "operator started (pid $(cat "$operator_pid")) as system:serviceaccount:$OPERATOR_NS:$RELEASE;"
-    echo "log: $STATE/operator.log"
-fi
+chmod 600 "$STATE/operator.kubeconfig"
+KUBECONFIG="$STATE/operator.kubeconfig" nohup "$BIN/disagg" operator --all-namespaces \
+    --peering "$RELEASE" --log-format plain >"$STATE/operator.log" 2>&1 &
+echo $! >"$operator_pid"
+sleep 3
+kill -0 "$(cat "$operator_pid")" || { cat "$STATE/operator.log"; exit 1; }
+echo "operator running (pid $(cat "$operator_pid")) as system:serviceaccount:$OPERATOR_NS:$RELEASE;"
+echo "log: $STATE/operator.log"
 
 step "4/6 Apply the DisaggregatedModels: examples/demo-cpu.yaml and examples/qwen3-32b-p5en.yaml"
 kubectl create namespace "$MODEL_NS" --dry-run=client -o yaml | kubectl apply -f - >/dev/null

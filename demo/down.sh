@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # `make demo-down`: stop what `make demo` started (the local operator, a local 1P1D run still
-# going) and delete the demo cluster with everything in it.
+# going) and delete the demo cluster with everything in it. `--operator-only` stops the local
+# operator and nothing else (demo.sh restarts it that way).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
@@ -21,6 +22,10 @@ stop_pid_file() {
     rm -f "$file"
 }
 
+if [[ "${1:-}" == --operator-only ]]; then
+    stop_pid_file "$STATE/operator.pid"
+    exit 0
+fi
 stop_pid_file "$STATE/local_pd.pid"
 stop_pid_file "$STATE/operator.pid"
 bash tests/cluster/cluster-down.sh
