@@ -21,7 +21,7 @@ from disagg_operator.kubeapi import KubeApi, new_api_client
 from disagg_operator.models import GROUP, PLURAL, VERSION
 from disagg_operator.names import COMPONENT_LABEL, LABEL_PREFIX, MANAGED_BY
 from disagg_operator.options import OperatorOptions
-from disagg_operator.peering import ensure_peering
+from disagg_operator.peering import PeeringMissing, ensure_peering
 from disagg_operator.reconcile import Live, Outcome, Reconciler
 from disagg_operator.resources import CHILD_RESOURCES, PODS, ApiResource
 from disagg_operator.settings import configure
@@ -52,7 +52,10 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     options: OperatorOptions = memo.options
     configure(settings, options)
     api = KubeApi(new_api_client())
-    ensure_peering(api, options)
+    try:
+        ensure_peering(api, options)
+    except PeeringMissing as exc:
+        raise kopf.PermanentError(str(exc)) from None
     memo.reconciler = Reconciler(api)
 
 
