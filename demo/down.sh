@@ -29,5 +29,7 @@ fi
 stop_pid_file "$STATE/local_pd.pid"
 stop_pid_file "$STATE/operator.pid"
 bash tests/cluster/cluster-down.sh
+# The demo's own cluster state (never the shared one of the cluster tests).
+[[ -n "$DISAGG_CLUSTER_NAME" ]] && rm -rf "$CLUSTER_STATE"
 rm -rf "$STATE"
 echo "demo-down: done"
