@@ -7,7 +7,7 @@ import copy
 from typing import Any
 
 from disagg_operator.children import Action, adopt, decide
-from disagg_operator.conditions import Observed, PodState, Problem, build_status
+from disagg_operator.conditions import Observed, PodState, Problem, build_status, pod_state
 from disagg_operator.drift import differences
 from disagg_operator.loading import load_spec
 from disagg_operator.models import DisaggregatedModelStatus
@@ -136,3 +136,36 @@ def test_transition_time_only_moves_on_a_change() -> None:
     first = build_status(_observed(), NOW)
     again = build_status(_observed(previous=first), "2026-01-02T00:00:00Z")
     assert again == first
+
+
+def test_pod_states_name_what_blocks_them() -> None:
+    crashing = {
+        "metadata": {"name": "m-prefill-0"},
+        "status": {
+            "phase": "Running",
+            "conditions": [{"type": "Ready", "status": "False"}],
+            "containerStatuses": [
+                {"state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 5m"}}}
+            ],
+        },
+    }
+    state = pod_state(crashing, "prefill")
+    assert state.failing and not state.ready and state.detail == "CrashLoopBackOff: back-off 5m"
+    status = build_status(_observed(pods=[state]), NOW)
+    assert _conditions(status)["Degraded"] == ("True", "PodFailing")
+
+    pending = {
+        "metadata": {"name": "m-decode-0"},
+        "status": {
+            "phase": "Pending",
+            "conditions": [
+                {
+                    "type": "PodScheduled",
+                    "status": "False",
+                    "message": "Insufficient nvidia.com/gpu",
+                }
+            ],
+        },
+    }
+    state = pod_state(pending, "decode")
+    assert not state.failing and state.detail == "unschedulable: Insufficient nvidia.com/gpu"
