@@ -38,6 +38,7 @@ def configure_logging(log_format: str) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(logging.INFO)
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per health check otherwise
 
 
 def run(config: RouterConfig) -> int:
