@@ -18,6 +18,7 @@ import kopf
 
 from disagg_operator.conditions import pod_state
 from disagg_operator.kubeapi import KubeApi, new_api_client
+from disagg_operator.metrics import OperatorMetrics
 from disagg_operator.models import GROUP, PLURAL, VERSION
 from disagg_operator.names import COMPONENT_LABEL, LABEL_PREFIX, MANAGED_BY
 from disagg_operator.options import OperatorOptions
@@ -50,13 +51,14 @@ def _snapshot(body: Mapping[str, Any]) -> dict[str, Any]:
 async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     """Apply the operator-wide settings, connect, and make sure the peering object exists."""
     options: OperatorOptions = memo.options
+    metrics: OperatorMetrics = memo.metrics
     configure(settings, options)
-    api = KubeApi(new_api_client())
+    api = KubeApi(new_api_client(), metrics)
     try:
         ensure_peering(api, options)
     except PeeringMissing as exc:
         raise kopf.PermanentError(str(exc)) from None
-    memo.reconciler = Reconciler(api)
+    memo.reconciler = Reconciler(api, metrics)
 
 
 @kopf.index(GROUP, VERSION, PLURAL, id=MODELS_INDEX)

@@ -13,7 +13,9 @@ from typing import Any
 
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
+from urllib3.exceptions import HTTPError
 
+from disagg_operator.metrics import OperatorMetrics
 from disagg_operator.resources import ApiResource
 
 FIELD_MANAGER = "disagg-operator"
@@ -39,10 +41,11 @@ def new_api_client() -> client.ApiClient:
 
 
 class KubeApi:
-    """JSON requests against one cluster."""
+    """JSON requests against one cluster; failed requests are counted in `metrics`."""
 
-    def __init__(self, api: client.ApiClient) -> None:
+    def __init__(self, api: client.ApiClient, metrics: OperatorMetrics | None = None) -> None:
         self._api = api
+        self._metrics = metrics or OperatorMetrics()
 
     def request(
         self,
@@ -62,9 +65,17 @@ class KubeApi:
             body=body,
             auth_settings=["BearerToken"],
         )
-        response = self._api.call_api(method, url, headers, payload, post)
+        try:
+            response = self._api.call_api(method, url, headers, payload, post)
+        except ApiException as exc:  # an SSL failure (status 0) or retries exhausted
+            self._metrics.api_error(method, str(exc.status or "connection"))
+            raise
+        except HTTPError:
+            self._metrics.api_error(method, "connection")
+            raise
         data = response.read() or b"{}"  # type: ignore[no-untyped-call]
         if not 200 <= response.status < 300:
+            self._metrics.api_error(method, str(response.status))
             raise ApiException(status=response.status, reason=response.reason, body=data.decode())
         decoded: dict[str, Any] = json.loads(data)
         return decoded

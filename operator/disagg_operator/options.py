@@ -22,6 +22,8 @@ class OperatorOptions:
     priority: int = 0
     retry_delay_s: float = 15.0
     """How long a model that cannot be realized (e.g. a missing Secret) waits between tries."""
+    metrics_port: int = 0
+    """Port of the Prometheus /metrics endpoint; 0 serves none."""
 
     @property
     def clusterwide(self) -> bool:
@@ -31,6 +33,17 @@ class OperatorOptions:
 
 LOG_FORMATS = ("plain", "full", "json")
 LOG_LEVELS = ("debug", "info", "warning")
+
+
+def _port(text: str) -> int:
+    """A TCP port number, or 0 (off)."""
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port: give 1-65535, or 0 for none")
+    return port
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -66,6 +79,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="serve kopf's liveness probe, e.g. http://0.0.0.0:8080/healthz",
     )
+    parser.add_argument(
+        "--metrics-port",
+        type=_port,
+        default=0,
+        metavar="PORT",
+        help="serve Prometheus metrics at http://0.0.0.0:PORT/metrics (default 0: none)",
+    )
     parser.add_argument("--log-format", choices=LOG_FORMATS, default="plain")
     parser.add_argument("--log-level", choices=LOG_LEVELS, default="info")
     parser.add_argument(
@@ -85,4 +105,5 @@ def options_from_args(args: argparse.Namespace) -> OperatorOptions:
         standalone=args.standalone,
         priority=args.priority if args.priority is not None else 1 + secrets.randbelow(10**9),
         retry_delay_s=args.retry_delay,
+        metrics_port=args.metrics_port,
     )

@@ -13,6 +13,7 @@ import datetime
 import functools
 import json
 import logging
+import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ from disagg_operator.connector_config import config_hash, config_map_data
 from disagg_operator.errors import SpecError
 from disagg_operator.kubeapi import ApiException, KubeApi
 from disagg_operator.loading import load_spec
+from disagg_operator.metrics import OperatorMetrics
 from disagg_operator.models import DisaggregatedModelSpec, DisaggregatedModelStatus
 from disagg_operator.names import ROLES, Component, child_name
 from disagg_operator.render import render
@@ -79,6 +81,13 @@ class Outcome:
         """The model cannot be realized now: retry later."""
         return bool(self.problems)
 
+    @property
+    def result(self) -> str:
+        """The pass's result for metrics: blocked, applied (a child at least) or noop."""
+        if self.blocked:
+            return "blocked"
+        return "applied" if self.applied else "noop"
+
 
 @functools.lru_cache(maxsize=RENDER_CACHE_SIZE)
 def _desired(owner_json: str) -> tuple[Manifest, ...]:
@@ -127,8 +136,14 @@ _CHANGE_EVENTS = {
 class Reconciler:
     """Reconciles models one at a time per model (a lock each), any number in parallel."""
 
-    def __init__(self, api: KubeApi, logger: logging.Logger | None = None) -> None:
+    def __init__(
+        self,
+        api: KubeApi,
+        metrics: OperatorMetrics | None = None,
+        logger: logging.Logger | None = None,
+    ) -> None:
         self._api = api
+        self._metrics = metrics or OperatorMetrics()
         self._log = logger or logging.getLogger(__name__)
         self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
         self._written: dict[str, tuple[dict[str, Any], str]] = {}
@@ -140,6 +155,7 @@ class Reconciler:
         """Drop what is remembered about a deleted model."""
         self._written.pop(uid, None)
         self._recent.pop(uid, None)
+        self._metrics.forget_model(uid)
 
     def forget_child(self, uid: str, child: ChildKey) -> None:
         """A child was deleted: stop trusting the copy this process applied."""
@@ -203,6 +219,21 @@ class Reconciler:
         return status
 
     def _pass(self, owner: Mapping[str, Any], live: Live) -> Outcome:
+        """One pass, counted and timed in the metrics."""
+        started = time.monotonic()
+        try:
+            outcome = self._converge(owner, live)
+        except Exception:
+            self._metrics.pass_finished("error", time.monotonic() - started)
+            raise
+        self._metrics.pass_finished(outcome.result, time.monotonic() - started)
+        conditions = outcome.status.conditions if outcome.status else []
+        for condition in conditions:
+            if condition.type == "Ready":
+                self._metrics.model_ready(owner["metadata"]["uid"], condition.status)
+        return outcome
+
+    def _converge(self, owner: Mapping[str, Any], live: Live) -> Outcome:
         meta = owner["metadata"]
         if meta.get("deletionTimestamp"):
             return Outcome()
@@ -303,6 +334,7 @@ class Reconciler:
                 outcome.problems.append(Problem("ApplyFailed", message))
                 continue
             outcome.applied += 1
+            self._metrics.child_applied(manifest["kind"], decision.action)
             self._log.info("applied %s (%s)", label, decision.action)
             changes.setdefault(decision.action, []).append(_describe(label, decision))
         for action, labels in changes.items():

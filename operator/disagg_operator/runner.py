@@ -5,10 +5,12 @@ from __future__ import annotations
 import argparse
 import logging
 import re
+import sys
 
 import kopf
 
 from disagg_operator import handlers
+from disagg_operator.metrics import OperatorMetrics, serve
 from disagg_operator.options import options_from_args
 
 LOG_FORMATS = {
@@ -28,8 +30,16 @@ class _QuietWatchHandlers(logging.Filter):
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run until SIGTERM/SIGINT; exit 0 after a clean stop."""
+    """Run until SIGTERM/SIGINT; exit 0 after a clean stop (2 when the metrics port is taken)."""
     options = options_from_args(args)
+    metrics = OperatorMetrics()
+    server = None
+    if options.metrics_port:
+        try:
+            server = serve(metrics, options.metrics_port)
+        except OSError as exc:
+            print(f"error: --metrics-port {options.metrics_port}: {exc}", file=sys.stderr)
+            return 2
     kopf.configure(
         debug=args.log_level == "debug",
         quiet=args.log_level == "warning",
@@ -38,13 +48,18 @@ def run(args: argparse.Namespace) -> int:
     )
     logging.getLogger("kopf.objects").addFilter(_QuietWatchHandlers())
     assert handlers.reconcile is not None  # the handlers are registered on import
-    kopf.run(
-        clusterwide=options.clusterwide,
-        namespaces=options.namespaces,
-        standalone=options.standalone,
-        peering_name=options.peering,
-        priority=options.priority,
-        liveness_endpoint=args.liveness,
-        memo=kopf.Memo(options=options),
-    )
+    try:
+        kopf.run(
+            clusterwide=options.clusterwide,
+            namespaces=options.namespaces,
+            standalone=options.standalone,
+            peering_name=options.peering,
+            priority=options.priority,
+            liveness_endpoint=args.liveness,
+            memo=kopf.Memo(options=options, metrics=metrics),
+        )
+    finally:
+        if server is not None:
+            server.shutdown()
+            server.server_close()
     return 0
