@@ -5,6 +5,7 @@
 - `ApiProxy`: a recording reverse proxy in front of the API server. The operator gets a
   kubeconfig pointing at it, so every request it sends (kopf's and its own) is counted on the
   wire, then forwarded to the real API server with the cluster's credentials.
+- `free_port` and `scrape`: run the operator with `--metrics-port` and read its /metrics.
 """
 
 from __future__ import annotations
@@ -12,11 +13,13 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import ssl
 import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +30,7 @@ import kube
 import yaml
 from aiohttp import web
 from kubernetes import client, config
+from prometheus_client.parser import text_string_to_metric_families
 
 DISAGG = Path(sys.executable).parent / "disagg"
 WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
@@ -245,3 +249,36 @@ def wait_ready(
         )
     except TimeoutError as exc:
         raise TimeoutError(f"{exc}; last status:\n{last_status()}") from None
+
+
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on now (for the operator's --metrics-port)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def scrape(port: int) -> Samples:
+    """Every sample of the operator's /metrics, by (sample name, labels)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    return {
+        (sample.name, frozenset(sample.labels.items())): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def sample(samples: Samples, name: str, **labels: str) -> float:
+    """One sample's value; 0 when the series does not exist (nothing counted yet)."""
+    return samples.get((name, frozenset(labels.items())), 0.0)
+
+
+def total(samples: Samples, name: str, **labels: str) -> float:
+    """The sum of the samples of `name` whose labels include `labels`."""
+    wanted = set(labels.items())
+    return sum(v for (n, ls), v in samples.items() if n == name and wanted <= ls)

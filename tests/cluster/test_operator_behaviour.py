@@ -24,7 +24,18 @@ from operator_fixtures import (  # noqa: F401
     spec_with,
     start_operator,
 )
-from operator_harness import ApiProxy, condition, dmodel, is_peering, wait_ready
+from operator_harness import (
+    ApiProxy,
+    Samples,
+    condition,
+    dmodel,
+    free_port,
+    is_peering,
+    sample,
+    scrape,
+    total,
+    wait_ready,
+)
 
 NAME = "m"
 STEADY_WINDOW_S = 20
@@ -112,7 +123,8 @@ def test_drift_is_repaired(
     namespace: str,
     start_operator: StartOperator,  # noqa: F811
 ) -> None:
-    start_operator()
+    metrics_port = free_port()
+    start_operator(f"--metrics-port={metrics_port}")
     _ready_model(kubectl, namespace)
     ns = ("-n", namespace)
     service_uid = _get(kubectl, namespace, "service", f"{NAME}-decode")["metadata"]["uid"]
@@ -143,6 +155,30 @@ def test_drift_is_repaired(
     assert f"StatefulSet {NAME}-prefill" in repairs and f"ConfigMap {NAME}-connector" in repairs
     recreated = " ".join(e["message"] for e in _events(kubectl, namespace, "Created"))
     assert f"Service {NAME}-decode" in recreated and f"Role {NAME}-router" in recreated
+
+    # The same story in the operator's /metrics: 10 children created, then the deleted Service
+    # and Role created again; the hand edits repaired; every pass ended without an error.
+    def counted_ready() -> Samples | None:
+        samples = scrape(metrics_port)
+        return samples if sample(samples, "disagg_operator_models", ready="true") == 1 else None
+
+    metrics = kube.wait_for(counted_ready, what="the model counted Ready in /metrics")
+    applies = "disagg_operator_child_applies_total"
+    assert total(metrics, applies, action="create") == 12, metrics
+    assert sample(metrics, applies, kind="Service", action="create") == 4
+    assert sample(metrics, applies, kind="Role", action="create") == 2
+    assert sample(metrics, applies, kind="StatefulSet", action="repair") >= 1
+    assert sample(metrics, applies, kind="ConfigMap", action="repair") >= 1
+    assert total(metrics, applies, action="update") == 0
+    passes = "disagg_operator_reconcile_passes_total"
+    assert sample(metrics, passes, result="applied") >= 2
+    assert sample(metrics, passes, result="error") == 0
+    assert sample(metrics, passes, result="blocked") == 0
+    assert sample(metrics, "disagg_operator_models", ready="false") == 0
+    assert sample(metrics, "disagg_operator_reconcile_duration_seconds_count") == total(
+        metrics, passes
+    )
+    assert total(metrics, "disagg_operator_api_errors_total") == 0
 
 
 def _rolled_out(kubectl: kube.Kubectl, namespace: str, role: str, hash_: str) -> bool:
