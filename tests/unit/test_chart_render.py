@@ -26,8 +26,17 @@ SETUPS = {
         "extraEnv[0].name=HTTPS_PROXY,extraEnv[0].value=http://proxy:3128",
         "podAnnotations.team=ml,podLabels.tier=control,commonLabels.cost-center=ai",
     ),
+    "metrics-off": ("metrics.enabled=false",),
+    "service-monitor": (
+        "metrics.serviceMonitor.enabled=true",
+        "metrics.serviceMonitor.labels.release=prom",
+        "metrics.port=9400",
+    ),
 }
-KOPF_KINDS = {"KopfPeering", "ClusterKopfPeering"}
+# Custom resources, which the Kubernetes schema does not know: kopf's peering objects (their
+# CRDs are validated here as CustomResourceDefinitions) and the Prometheus Operator's
+# ServiceMonitor. Only these kinds, by name, skip schema validation.
+CUSTOM_KINDS = {"KopfPeering", "ClusterKopfPeering", "ServiceMonitor"}
 ALL_NAMESPACE_KINDS = {"ClusterRole", "ClusterRoleBinding", "ClusterKopfPeering"}
 
 
@@ -48,7 +57,7 @@ def test_objects_validate_against_the_kubernetes_schema(
     setup: tuple[str, ...], version: str
 ) -> None:
     docs = template(*setup, include_crds=True)
-    checked = [doc for doc in docs if doc["kind"] not in KOPF_KINDS]
+    checked = [doc for doc in docs if doc["kind"] not in CUSTOM_KINDS]
     assert {doc["kind"] for doc in checked} >= {"Deployment", "CustomResourceDefinition"}
     for doc in checked:
         kubernetes_validate.validate(doc, version, strict=True)
@@ -76,6 +85,8 @@ def test_deployment_runs_the_operator_hardened_and_probed() -> None:
     for probe in ("livenessProbe", "readinessProbe"):
         assert container[probe]["httpGet"] == {"path": "/healthz", "port": "health"}
     assert "--liveness=http://0.0.0.0:8080/healthz" in container["args"]
+    assert "--metrics-port=9090" in container["args"]
+    assert {"name": "metrics", "containerPort": 9090, "protocol": "TCP"} in container["ports"]
     assert container["resources"]["limits"]["memory"]
     selector = deployment["spec"]["selector"]["matchLabels"]
     assert selector.items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
@@ -104,6 +115,38 @@ def test_the_operator_cli_accepts_the_rendered_args(setup: tuple[str, ...]) -> N
     parsed = build_parser().parse_args(args)
     assert parsed.command == "operator"
     assert parsed.all_namespaces != bool(parsed.namespace)
+
+
+def test_metrics_service_is_rendered_when_metrics_are_on_and_absent_when_off() -> None:
+    docs = template()
+    (deployment,) = by_kind(docs, "Deployment")
+    (service,) = by_kind(docs, "Service")
+    assert service["metadata"]["name"] == "disagg-disagg-operator-metrics"
+    assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
+    assert service["spec"]["ports"] == [
+        {"name": "metrics", "port": 9090, "targetPort": "metrics", "protocol": "TCP"}
+    ]
+    assert not by_kind(docs, "ServiceMonitor")
+
+    off = template("metrics.enabled=false")
+    assert not by_kind(off, "Service") and not by_kind(off, "ServiceMonitor")
+    (container,) = by_kind(off, "Deployment")[0]["spec"]["template"]["spec"]["containers"]
+    assert not [arg for arg in container["args"] if arg.startswith("--metrics-port")]
+    assert [port["name"] for port in container["ports"]] == ["health"]
+
+
+def test_service_monitor_scrapes_the_metrics_service() -> None:
+    docs = template(*SETUPS["service-monitor"], namespace="ops")
+    (service,) = by_kind(docs, "Service")
+    (monitor,) = by_kind(docs, "ServiceMonitor")
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    assert monitor["metadata"]["labels"]["release"] == "prom"
+    spec = monitor["spec"]
+    assert spec["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    assert spec["namespaceSelector"] == {"matchNames": ["ops"]}
+    assert spec["endpoints"] == [{"port": "metrics", "path": "/metrics", "interval": "30s"}]
+    assert service["spec"]["ports"][0]["name"] == "metrics"
+    assert service["spec"]["ports"][0]["port"] == 9400
 
 
 def test_image_reference_prefers_digest_then_tag_then_app_version() -> None:

@@ -36,6 +36,10 @@ BAD_VALUES = [
     ("health.port=70000", "/health/port", "maximum"),
     ("livenessProbe.periodSeconds=0", "/livenessProbe/periodSeconds", "minimum"),
     ("rbac.readSecrets=no", "/rbac/readSecrets", "boolean"),
+    ("metrics.port=70000", "/metrics/port", "maximum"),
+    ("metrics.port=0", "/metrics/port", "minimum"),
+    ("metrics.enabled=yes", "/metrics/enabled", "boolean"),
+    ("metrics.serviceMonitor.interval=often", "/metrics/serviceMonitor/interval", "pattern"),
     ("peering.name=Not_A_Name", "/peering/name", "does not match pattern"),
     ("replicas=2", "additional properties 'replicas'", "not allowed"),
     ("logging.colour=red", "additional properties 'colour'", "not allowed"),
@@ -43,6 +47,11 @@ BAD_VALUES = [
 
 CONTRADICTIONS = [
     (("replicaCount=2", "peering.enabled=false"), "replicaCount=2 needs peering.enabled=true"),
+    (
+        ("metrics.enabled=false", "metrics.serviceMonitor.enabled=true"),
+        "metrics.serviceMonitor.enabled=true needs metrics.enabled=true",
+    ),
+    (("metrics.port=8080",), "metrics.port=8080 is health.port too"),
     (
         ("serviceAccount.create=false",),
         "serviceAccount.name: name an existing ServiceAccount",

@@ -87,6 +87,13 @@ disagg-operator.peeringName: the kopf peering object name (peering.name, else th
 {{- end -}}
 
 {{/*
+disagg-operator.metricsServiceName: the Service in front of the operator's /metrics endpoint.
+*/}}
+{{- define "disagg-operator.metricsServiceName" -}}
+{{- printf "%s-metrics" (include "disagg-operator.fullname" . | trunc 55 | trimSuffix "-") -}}
+{{- end -}}
+
+{{/*
 disagg-operator.rbacRules: the operator's RBAC rules, generated from the operator package into
 files/operator-rbac-rules.yaml (never edited here); returned as YAML for fromYaml.
 */}}
@@ -101,5 +108,11 @@ checks each value alone; this checks them together).
 {{- define "disagg-operator.validate" -}}
 {{- if and (gt (int .Values.replicaCount) 1) (not .Values.peering.enabled) -}}
 {{- fail (printf "replicaCount=%d needs peering.enabled=true: without kopf peering every replica would reconcile the same objects" (int .Values.replicaCount)) -}}
+{{- end -}}
+{{- if and .Values.metrics.serviceMonitor.enabled (not .Values.metrics.enabled) -}}
+{{- fail "metrics.serviceMonitor.enabled=true needs metrics.enabled=true: the ServiceMonitor scrapes the metrics Service" -}}
+{{- end -}}
+{{- if and .Values.metrics.enabled (eq (int .Values.metrics.port) (int .Values.health.port)) -}}
+{{- fail (printf "metrics.port=%d is health.port too: give the metrics endpoint a port of its own" (int .Values.metrics.port)) -}}
 {{- end -}}
 {{- end -}}
