@@ -43,6 +43,11 @@ class Release:
         return f"{self.name}-disagg-operator"[:63].rstrip("-")
 
     @property
+    def metrics_service(self) -> str:
+        """The Service in front of the operator's /metrics."""
+        return f"{self.fullname[:55].rstrip('-')}-metrics"
+
+    @property
     def service_account(self) -> str:
         """The operator's ServiceAccount as an RBAC user name."""
         return f"system:serviceaccount:{self.namespace}:{self.fullname}"
@@ -168,6 +173,21 @@ def watched(kubectl: kube.Kubectl) -> Iterator[list[str]]:
         kubectl("delete", "namespace", name, "--wait=false")
 
 
+def metrics_endpoints(kubectl: kube.Kubectl, release: Release) -> list[tuple[str, int]]:
+    """(pod, port) of every ready endpoint of the metrics Service, from its EndpointSlices."""
+    slices = kubectl.json(
+        "-n", release.namespace, "get", "endpointslices",
+        "-l", f"kubernetes.io/service-name={release.metrics_service}",
+    )["items"]  # fmt: skip
+    return [
+        (endpoint["targetRef"]["name"], port["port"])
+        for piece in slices
+        for port in piece.get("ports") or []
+        for endpoint in piece.get("endpoints") or []
+        if endpoint["conditions"].get("ready")
+    ]
+
+
 def _baseline(kubectl: kube.Kubectl, namespace: str) -> set[Permission]:
     """What any ServiceAccount may do in `namespace` without bindings of its own."""
     return granted(kubectl, f"system:serviceaccount:{namespace}:default", namespace)
@@ -178,6 +198,7 @@ def test_all_namespaces_install_upgrade_uninstall(
 ) -> None:
     notes = install(helm, release)
     assert "all namespaces (ClusterRole)" in notes
+    assert f"Service {release.metrics_service}, port 9090, path /metrics" in notes
     rules = operator_rules()
     expected = rule_permissions(rules["namespaced"] + rules["peering"]["clusterwide"])
     user = release.service_account
@@ -201,10 +222,24 @@ def test_all_namespaces_install_upgrade_uninstall(
     for crd in CRD_NAMES:
         kubectl("get", "crd", crd)
 
+    # The metrics Service reaches the operator pod's metrics port (the endpoint controller
+    # resolved the named targetPort on the pod selected by the Service).
+    (pod,) = kubectl.json(
+        "-n", release.namespace, "get", "pods", "-l", f"app.kubernetes.io/instance={release.name}"
+    )["items"]  # fmt: skip
+    assert "--metrics-port=9090" in pod["spec"]["containers"][0]["args"]
+    endpoints = kube.wait_for(
+        lambda: metrics_endpoints(kubectl, release), what="the metrics Service's endpoint"
+    )
+    assert endpoints == [(pod["metadata"]["name"], 9090)]
+
     upgrade(
         helm, release, "replicaCount=2", "logging.level=debug", "peering.name=shared",
-        "rbac.readSecrets=false",
+        "rbac.readSecrets=false", "metrics.enabled=false",
     )  # fmt: skip
+    gone = kubectl.run("-n", release.namespace, "get", "service", release.metrics_service,
+                       check=False)  # fmt: skip
+    assert gone.returncode != 0, "metrics Service left after metrics.enabled=false"
     for ns in (other, "kube-system"):
         assert not can_i(kubectl, user, Permission("get", "secrets"), "-n", ns)
     assert can_i(kubectl, user, Permission("patch", "statefulsets.apps"), "-n", other)
@@ -212,6 +247,7 @@ def test_all_namespaces_install_upgrade_uninstall(
     args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
     assert deployment["spec"]["replicas"] == 2
     assert {"--log-level=debug", "--peering=shared"} <= set(args)
+    assert not [arg for arg in args if arg.startswith("--metrics-port")], args
     kubectl("get", "clusterkopfpeering", "shared")
     assert kubectl.run("get", "clusterkopfpeering", release.fullname, check=False).returncode
 
@@ -277,6 +313,7 @@ def test_namespace_list_confines_the_operator(
         ("replicaCount=-1", "/replicaCount"),
         ("logging.level=verbose", "/logging/level"),
         ("watch.namespaces={Not_A_Namespace}", "/watch/namespaces/0"),
+        ("metrics.port=70000", "/metrics/port"),
     ],
 )
 def test_bad_values_install_nothing(
