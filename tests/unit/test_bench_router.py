@@ -60,3 +60,23 @@ def test_on_leg_only_writes_no_pairs(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert {r.leg for r in result.records} == {Leg.ON}
     assert "ttft-standin-model.png" in names
     assert "OFF/ON" not in capsys.readouterr().out
+
+
+def test_off_leg_on_a_second_deployment_sends_the_id_and_misses(tmp_path: Path) -> None:
+    """A deployment with bidirectional off: its decode publishes no KV, so its router misses."""
+    out = tmp_path / "out"
+    with router_rig(prefills=1, decodes=1) as on, router_rig(prefills=1, decodes=1) as off:
+        for engine in off.decode:
+            engine.state.stream_kv = False
+        argv = ["bench", "--router", on.routers[0].url, "--off-router", off.routers[0].url]
+        argv += ["--lengths", "200,400", "--answer-tokens", "4"]
+        assert main([*argv, "--json-dir", str(out), "--figure-dir", str(out)]) == 0
+        received = list(off.prefill[0].state.received)
+        warmed = len(on.prefill[0].state.received)
+    result = BenchResult.load(out / "ttft-standin-model.json")
+    assert [r.lookup for r in result.leg(Leg.OFF)] == ["miss", "miss"]
+    assert [r.lookup for r in result.leg(Leg.ON)] == ["miss", "hit"]
+    assert "bidirectional transfer off" in result.setup["legs"]["off"]
+    assert len(received) == 4, "two probes and two turns reached the OFF prefill"
+    assert warmed == 4, "the ON deployment got the same two warm-up probes"
+    assert all("conversation_id" not in body for body in received), "stripped by the router"

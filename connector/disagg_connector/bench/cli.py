@@ -138,7 +138,7 @@ def _run_router(args: argparse.Namespace) -> int:
     from disagg_connector.bench.client import ChatClient
     from disagg_connector.bench.progress import Progress
     from disagg_connector.bench.report import summary, write_outputs
-    from disagg_connector.bench.runner import Sweep, plan_sweep, run_leg
+    from disagg_connector.bench.runner import Sweep, calibrate, plan_sweep, run_leg
     from disagg_connector.bench.workload import parse_lengths
 
     if args.conversations < 1 or args.answer_tokens < 1:
@@ -151,6 +151,12 @@ def _run_router(args: argparse.Namespace) -> int:
         calibration, plans = plan_sweep(client, model, sweep)
     finally:
         client.close()
+    for url in {t.router_url for t in targets} - {targets[0].router_url}:
+        warm_up = ChatClient(url)
+        try:
+            calibrate(warm_up, model, sweep)
+        finally:
+            warm_up.close()
     progress = Progress(len(targets) * sweep.conversations * len(plans))
     run_id = uuid.uuid4().hex[:8]
     result = BenchResult(
