@@ -52,9 +52,10 @@ def free_port() -> int:
 
 
 @contextmanager
-def process(args: list[str], url: str) -> Iterator[subprocess.Popen[bytes]]:
-    """Run ``args`` until the block ends; wait until ``url``/health answers."""
-    child = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+def process(args: list[str], url: str, log: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """Run ``args`` (output to ``log``) until the block ends; wait until ``url``/health answers."""
+    with log.open("wb") as out:
+        child = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 60
         while True:
@@ -89,17 +90,18 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-async def read_stream(client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> bool:
+async def read_stream(client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> str | None:
+    """Stream one answer; None when it completed, else what went wrong."""
     async with client.stream("POST", url, json=body) as response:
         if response.status_code != 200:
-            return False
+            return f"HTTP {response.status_code}: {(await response.aread())[:200]!r}"
         tail = b""
         async for chunk in response.aiter_bytes():
-            tail = (tail + chunk)[-32:]
-        return tail.endswith(b"data: [DONE]\n\n")
+            tail = (tail + chunk)[-300:]
+        return None if tail.endswith(b"data: [DONE]\n\n") else f"incomplete: {tail!r}"
 
 
-Call = Callable[[httpx.AsyncClient, dict[str, Any]], Awaitable[bool]]
+Call = Callable[[httpx.AsyncClient, dict[str, Any]], Awaitable[str | None]]
 
 
 @dataclass
@@ -107,13 +109,14 @@ class Samples:
     """Latencies, errors and busy time of one mode at one concurrency level."""
 
     latencies: list[float] = field(default_factory=list)
-    errors: int = 0
+    errors: list[str] = field(default_factory=list)
     wall_s: float = 0.0
 
     def summary(self) -> dict[str, Any]:
         return {
             "requests": len(self.latencies),
-            "errors": self.errors,
+            "errors": len(self.errors),
+            "error_kinds": sorted(set(self.errors))[:5],
             "p50_ms": round(statistics.median(self.latencies) * 1000, 3),
             "p99_ms": round(percentile(self.latencies, 0.99) * 1000, 3),
             "requests_per_s": round(len(self.latencies) / self.wall_s, 1),
@@ -139,11 +142,12 @@ async def run_batch(
             }
             started = time.perf_counter()
             try:
-                ok = await call(client, body)
-            except httpx.HTTPError:
-                ok = False
+                error = await call(client, body)
+            except httpx.HTTPError as exc:
+                error = f"{type(exc).__name__}: {exc}"
             samples.latencies.append(time.perf_counter() - started)
-            samples.errors += not ok
+            if error is not None:
+                samples.errors.append(error)
             messages = [*messages, {"role": "user", "content": f"follow-up {turn}"}]
 
     async with httpx.AsyncClient(limits=limits, timeout=60) as client:
@@ -158,7 +162,9 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=512, help="requests per level and mode")
     parser.add_argument("--tokens", type=int, default=16, help="streamed tokens per answer")
     parser.add_argument("--output", type=Path, default=ROOT / "benchmarks" / "router_overhead.json")
+    parser.add_argument("--log-dir", type=Path, default=Path("/tmp/router-bench-logs"))
     args = parser.parse_args()
+    args.log_dir.mkdir(parents=True, exist_ok=True)
 
     ports = {name: free_port() for name in ("prefill", "decode", "router")}
     urls = {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}
@@ -169,11 +175,11 @@ def main() -> None:
     ]  # fmt: skip
     chat = "/v1/chat/completions"
 
-    async def direct_decode(client: httpx.AsyncClient, body: dict[str, Any]) -> bool:
+    async def direct_decode(client: httpx.AsyncClient, body: dict[str, Any]) -> str | None:
         plain = {k: v for k, v in body.items() if k != "conversation_id"}
         return await read_stream(client, urls["decode"] + chat, plain)
 
-    async def direct_pd(client: httpx.AsyncClient, body: dict[str, Any]) -> bool:
+    async def direct_pd(client: httpx.AsyncClient, body: dict[str, Any]) -> str | None:
         plain = {k: v for k, v in body.items() if k != "conversation_id"}
         prefill = {**plain, "stream": False, "max_tokens": 1}
         response = await client.post(urls["prefill"] + chat, json=prefill)
@@ -182,14 +188,22 @@ def main() -> None:
             client, urls["decode"] + chat, {**plain, "kv_transfer_params": params}
         )
 
-    async def via_router(client: httpx.AsyncClient, body: dict[str, Any]) -> bool:
+    async def via_router(client: httpx.AsyncClient, body: dict[str, Any]) -> str | None:
         return await read_stream(client, urls["router"] + chat, body)
 
     levels = []
     with (
-        process([*standin, "--role", "prefill", "--port", str(ports["prefill"])], urls["prefill"]),
-        process([*standin, "--role", "decode", "--port", str(ports["decode"])], urls["decode"]),
-        process(router_cmd, urls["router"]) as router,
+        process(
+            [*standin, "--role", "prefill", "--port", str(ports["prefill"])],
+            urls["prefill"],
+            args.log_dir / "prefill.log",
+        ),
+        process(
+            [*standin, "--role", "decode", "--port", str(ports["decode"])],
+            urls["decode"],
+            args.log_dir / "decode.log",
+        ),
+        process(router_cmd, urls["router"], args.log_dir / "router.log") as router,
     ):
         modes = {"direct_decode": direct_decode, "direct_pd": direct_pd, "router": via_router}
         for call in modes.values():

@@ -27,7 +27,11 @@ def create_app(config: RouterConfig) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        limits = httpx.Limits(max_connections=None, max_keepalive_connections=1024)
+        # Idle engine connections are dropped before uvicorn's (vLLM's) 5 s keep-alive closes
+        # them, so a request never races the server closing its connection.
+        limits = httpx.Limits(
+            max_connections=None, max_keepalive_connections=1024, keepalive_expiry=4.0
+        )
         transport = httpx.AsyncHTTPTransport(limits=limits)
         client = httpx.AsyncClient(
             transport=transport,

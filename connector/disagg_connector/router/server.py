@@ -12,6 +12,8 @@ import uvicorn
 from disagg_connector.router.app import create_app
 from disagg_connector.router.config import RouterConfig
 
+KEEP_ALIVE_S = 75
+
 
 class JsonFormatter(logging.Formatter):
     """One JSON object per record: time, level, logger, message (and exception text)."""
@@ -55,6 +57,9 @@ def run(config: RouterConfig) -> int:
         port=config.port,
         log_config=None,
         access_log=False,
+        # Longer than clients' and load balancers' idle timeouts (httpx 5 s, AWS ALB 60 s): a
+        # client must never send on a connection the router is closing at that moment.
+        timeout_keep_alive=KEEP_ALIVE_S,
         timeout_graceful_shutdown=10,
     )
     return 0
