@@ -9,7 +9,7 @@ import sys
 import time
 
 import pytest
-from disagg_connector.router.config import ConfigError, DiscoveryKind, RouterConfig
+from disagg_connector.router.config import ConfigError, DiscoveryKind, RouterConfig, require
 from disagg_connector.router.conversation import TurnEntry
 from disagg_connector.router.discovery.kubernetes import _SliceState, slice_urls
 from disagg_connector.router.kv_params import prefill_params, routable, strip_from_events
@@ -223,3 +223,9 @@ def test_json_logs_are_one_object_per_line() -> None:
     assert "\n" not in line
     assert json.loads(line)["message"] == "Prefill done in 12ms"
     assert json.loads(line)["level"] == "INFO"
+
+
+def test_missing_packages_are_named_with_the_option_needing_them() -> None:
+    with pytest.raises(ConfigError, match="--store redis: needs the Python package `nope`"):
+        require("nope", "--store redis")
+    require("json", "--anything")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import importlib.util
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -66,6 +67,8 @@ class RouterConfig:
             raise ConfigError(f"--store: {self.store!r} is not one of memory, redis")
         if self.discovery not in set(DiscoveryKind):
             raise ConfigError(f"--discovery: {self.discovery!r} is not one of static, kubernetes")
+        if self.store == StoreKind.REDIS:
+            require("redis", "--store redis")
         if self.discovery == DiscoveryKind.STATIC:
             if not self.prefill_urls:
                 raise ConfigError("--prefill: give at least one prefill URL (http://host:port)")
@@ -79,6 +82,8 @@ class RouterConfig:
                 "--prefill-service/--decode-service: both Service names are required "
                 "with --discovery kubernetes"
             )
+        else:
+            require("kubernetes", "--discovery kubernetes")
         limit = self.decode_kv_ttl_s - DECODE_EXPIRY_MARGIN_S
         if not 0 < self.conversation_ttl_s < limit:
             raise ConfigError(
@@ -105,6 +110,15 @@ class RouterConfig:
         if self.log_format not in ("text", "json"):
             raise ConfigError("--log-format: choose text or json")
         return self
+
+
+def require(package: str, option: str) -> None:
+    """Raise ``ConfigError`` naming ``option`` when ``package`` is not installed."""
+    if importlib.util.find_spec(package) is None:
+        raise ConfigError(
+            f"{option}: needs the Python package `{package}`; install it in the router's "
+            "image (pip install 'disagg[router]' brings it)"
+        )
 
 
 def check_url(flag: str, url: str) -> str:
