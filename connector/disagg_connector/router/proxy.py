@@ -316,12 +316,12 @@ class ProxyService:
                 raise upstream_error(502, "Decode transport error.", "decode") from None
             if response.status_code == 200:
                 return replica, response
-            content = await response.aread()
+            refusal = await response.aread()
             await response.aclose()
             replica.outstanding -= 1
             if 400 <= response.status_code < 500:
-                raise EngineRejected(response.status_code, content)
-            message = engine_message(content)
+                raise EngineRejected(response.status_code, refusal)
+            message = engine_message(refusal)
             self._upstream_failed(replica, f"http_{response.status_code}", message, mark=False)
             raise upstream_error(502, f"Decode failed: {message}", "decode_failed")
         raise failure
