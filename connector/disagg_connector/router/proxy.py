@@ -187,6 +187,9 @@ class ProxyService:
         return response
 
     def _upstream_failed(self, replica: Replica, kind: str, detail: object, mark: bool) -> None:
+        """Count a failed engine call; ``mark`` (refused connections only) takes the replica
+        out of rotation until a health check passes. Other failures may hit one request or
+        one connection, so health checks alone decide about them."""
         self._metrics.upstream_errors.labels(replica.role.value, replica.url, kind).inc()
         log.warning("%s replica %s failed (%s): %s", replica.role, replica.url, kind, detail)
         if mark:
@@ -222,7 +225,7 @@ class ProxyService:
             except httpx.HTTPError as exc:
                 timed_out = isinstance(exc, httpx.TimeoutException)
                 kind = "timeout" if timed_out else "transport"
-                self._upstream_failed(replica, kind, exc, mark=not timed_out)
+                self._upstream_failed(replica, kind, exc, mark=False)
                 turn.entry_spent, params = True, prefill_params(None)
                 failure = upstream_error(504 if timed_out else 502, f"Prefill {kind}.", "prefill")
                 continue
@@ -312,7 +315,7 @@ class ProxyService:
                 continue
             except httpx.HTTPError as exc:
                 replica.outstanding -= 1
-                self._upstream_failed(replica, "transport", exc, mark=True)
+                self._upstream_failed(replica, "transport", exc, mark=False)
                 raise upstream_error(502, "Decode transport error.", "decode") from None
             if response.status_code == 200:
                 return replica, response
