@@ -38,6 +38,12 @@ PREFILL_EXPIRY_MARGIN_SECONDS = 5
 ROUTER_TTL_SAFETY_SECONDS = 30
 """The router forgets a conversation this long before decode frees its retained blocks."""
 
+ROUTER_REPLICAS_WITHOUT_STORE = (
+    "each replica would keep its own conversations and reuse would drop; "
+    "set spec.router.redis or replicas: 1"
+)
+"""Why more than one router replica needs the shared store."""
+
 MANAGED_VLLM_FLAGS = (
     "--model",
     "--port",
@@ -50,6 +56,8 @@ MANAGED_VLLM_FLAGS = (
     "--max-num-seqs",
     "--enable-prefix-caching",
     "--no-enable-prefix-caching",
+    "--enable-prompt-tokens-details",
+    "--no-enable-prompt-tokens-details",
     "--kv-transfer-config",
 )
 """vLLM flags the operator sets from spec fields; `extraArgs` may not repeat them."""
@@ -374,8 +382,50 @@ class KvTransferSpec(ApiModel):
     )
 
 
+RedisUrl = Annotated[str, StringConstraints(pattern=r"^(redis|rediss|unix)://", max_length=2048)]
+
+
+class RedisUrlSecret(ApiModel):
+    """A key of a Secret in the model's namespace holding a Redis/Valkey URL."""
+
+    name: ObjectName = Field(description="Secret name.")
+    key: Annotated[str, StringConstraints(min_length=1, max_length=253)] = Field(
+        "url", description="Key within the Secret."
+    )
+
+
+class RedisSpec(ApiModel):
+    """Where router replicas share conversation state: a Redis/Valkey server."""
+
+    rules = (
+        CrossFieldRule(
+            field="url",
+            message="set exactly one of url or urlSecret",
+            cel="has(self.url) != has(self.urlSecret)",
+            check=lambda m: (m.url is None) != (m.url_secret is None),
+        ),
+    )
+
+    url: RedisUrl | None = Field(
+        None, description="Redis/Valkey URL, e.g. redis://valkey:6379/0 (redis, rediss or unix)."
+    )
+    url_secret: RedisUrlSecret | None = Field(
+        None, description="Secret key holding the URL (use it when the URL carries a password)."
+    )
+
+
 class RouterSpec(ApiModel):
     """The KV-cache-aware router in front of prefill and decode."""
+
+    rules = (
+        CrossFieldRule(
+            field="redis",
+            message="spec.router.replicas > 1 requires spec.router.redis: "
+            + ROUTER_REPLICAS_WITHOUT_STORE,
+            cel="!has(self.replicas) || self.replicas <= 1 || has(self.redis)",
+            check=lambda m: m.replicas <= 1 or m.redis is not None,
+        ),
+    )
 
     replicas: Annotated[int, Field(ge=0, le=64)] = Field(1, description="Router replicas.")
     image: ImageSpec | None = Field(None, description="Router image. Defaults to spec.image.")
@@ -390,6 +440,11 @@ class RouterSpec(ApiModel):
     resources: ResourceOverrides = Field(
         default_factory=ResourceOverrides,
         description="Resource overrides merged over the defaults (cpu 500m, memory 512Mi).",
+    )
+    redis: RedisSpec | None = Field(
+        None,
+        description="Redis/Valkey protocol shared conversation store, required for more than one "
+        "replica. Without it each router keeps conversations in memory.",
     )
 
 

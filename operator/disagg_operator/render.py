@@ -52,6 +52,8 @@ ENGINE_PORT_NAME = "http"
 CONNECTOR_VOLUME = "connector-config"
 CACHE_VOLUME = "model-cache"
 SHM_VOLUME = "dshm"
+REDIS_URL_ENV = "DISAGG_REDIS_URL"
+"""The router's Redis URL from `spec.router.redis.urlSecret`, expanded into its arguments."""
 ROUTER_RULES: list[dict[str, list[str]]] = [
     {
         "apiGroups": ["discovery.k8s.io"],
@@ -126,6 +128,7 @@ def _vllm_args(spec: DisaggregatedModelSpec, role: RoleSpec) -> list[str]:
     if role.max_num_seqs is not None:
         args += ["--max-num-seqs", str(role.max_num_seqs)]
     args.append("--enable-prefix-caching" if role.prefix_caching else "--no-enable-prefix-caching")
+    args.append("--enable-prompt-tokens-details")
     return [*args, *role.extra_args]
 
 
@@ -268,9 +271,28 @@ def _engine(
     return [_render("engine/service.yaml.j2", **common), statefulset]
 
 
+def _k8s_literal(value: str) -> str:
+    """`value` escaped from Kubernetes `$(VAR)` expansion in command and args."""
+    return value.replace("$", "$$")
+
+
+def _router_store(spec: DisaggregatedModelSpec) -> tuple[list[str], list[dict[str, Any]]]:
+    """The router's conversation-store flags and the environment they read."""
+    redis = spec.router.redis
+    if redis is None:
+        return [], []
+    if redis.url_secret is None:
+        assert redis.url is not None
+        return ["--store", "redis", "--redis-url", _k8s_literal(redis.url)], []
+    secret = {"name": redis.url_secret.name, "key": redis.url_secret.key}
+    env = [{"name": REDIS_URL_ENV, "valueFrom": {"secretKeyRef": secret}}]
+    return ["--store", "redis", "--redis-url", f"$({REDIS_URL_ENV})"], env
+
+
 def _router(name: str, namespace: str, spec: DisaggregatedModelSpec) -> list[Manifest]:
     router = spec.router
     image = spec.router_image
+    store_args, env = _router_store(spec)
     common = {
         "name": child_name(name, Component.ROUTER),
         "namespace": namespace,
@@ -304,7 +326,9 @@ def _router(name: str, namespace: str, spec: DisaggregatedModelSpec) -> list[Man
             str(spec.conversation_ttl_seconds),
             "--decode-kv-ttl",
             str(spec.kv_transfer.decoder_kv_blocks_ttl_seconds),
+            *store_args,
         ],
+        env=env,
         resources=_resources(ROUTER_REQUESTS, {}, router.resources),
         readiness_probe=_http_probe(period=5, failures=3),
         liveness_probe={"tcpSocket": {"port": "http"}, "periodSeconds": 10, "failureThreshold": 6},

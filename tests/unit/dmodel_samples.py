@@ -172,6 +172,12 @@ INVALID_SPECS = [
         cross_field=True,
     ),
     InvalidSpec(
+        "extra-args-repeat-prompt-tokens-details",
+        {"decode": {"extraArgs": ["--no-enable-prompt-tokens-details"]}},
+        "spec.decode.extraArgs",
+        cross_field=True,
+    ),
+    InvalidSpec(
         "env-sets-hash-seed",
         {"decode": {"env": [{"name": "PYTHONHASHSEED", "value": "0"}]}},
         "spec.decode.env",
@@ -213,6 +219,29 @@ INVALID_SPECS = [
     ),
     InvalidSpec(
         "unknown-service-type", {"router": {"serviceType": "Ingress"}}, "spec.router.serviceType"
+    ),
+    InvalidSpec(
+        "router-replicas-without-redis",
+        {"router": {"replicas": 2}},
+        "spec.router.redis",
+        cross_field=True,
+    ),
+    InvalidSpec(
+        "router-redis-url-and-secret",
+        {"router": {"redis": {"url": "redis://valkey:6379/0", "urlSecret": {"name": "valkey"}}}},
+        "spec.router.redis.url",
+        cross_field=True,
+    ),
+    InvalidSpec(
+        "router-redis-without-url",
+        {"router": {"redis": {}}},
+        "spec.router.redis.url",
+        cross_field=True,
+    ),
+    InvalidSpec(
+        "router-redis-url-not-redis",
+        {"router": {"redis": {"url": "http://valkey:6379"}}},
+        "spec.router.redis.url",
     ),
     InvalidSpec("negative-router-replicas", {"router": {"replicas": -1}}, "spec.router.replicas"),
     InvalidSpec("zero-efa-devices", {"efa": {"devicesPerPod": 0}}, "spec.efa.devicesPerPod"),

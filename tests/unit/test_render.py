@@ -165,7 +165,7 @@ def test_connector_config_change_rolls_prefill_and_decode(patch: dict[str, Any])
 @pytest.mark.parametrize(
     "patch",
     [
-        {"router": {"replicas": 3}},
+        {"router": {"replicas": 3, "redis": {"url": "redis://valkey:6379/0"}}},
         {"router": {"conversationTtlSeconds": 300, "serviceType": "LoadBalancer", "port": 9000}},
         {"router": {"image": {"repository": "ghcr.io/acme/router", "tag": "2"}}},
     ],
@@ -427,6 +427,12 @@ def test_efa_disabled_pod_has_none_of_it() -> None:
     assert "FI_PROVIDER" not in env(main)
 
 
+def test_prompt_token_details_are_on_for_both_roles() -> None:
+    """The router's reused/recomputed counters read usage.prompt_tokens_details."""
+    for role in ("prefill", "decode"):
+        assert "--enable-prompt-tokens-details" in container(None, role)["command"]
+
+
 def test_shared_memory_is_memory_backed() -> None:
     volumes = {v["name"]: v for v in pod(None, "decode")["volumes"]}
     assert volumes["dshm"]["emptyDir"] == {"medium": "Memory"}
@@ -463,12 +469,48 @@ def test_router_command_names_services_and_ttls() -> None:
 
 
 def test_router_service_and_replicas() -> None:
-    patch = {"router": {"replicas": 2, "serviceType": "LoadBalancer", "port": 9000}}
+    patch = {
+        "router": {
+            "replicas": 2,
+            "serviceType": "LoadBalancer",
+            "port": 9000,
+            "redis": {"url": "redis://valkey:6379/0"},
+        }
+    }
     manifests = objects(patch)
     assert manifests[f"Deployment/{NAME}-router"]["spec"]["replicas"] == 2
     service = manifests[f"Service/{NAME}-router"]["spec"]
     assert service["type"] == "LoadBalancer"
     assert service["ports"] == [{"name": "http", "port": 9000, "targetPort": "http"}]
+
+
+def test_router_without_redis_keeps_conversations_in_memory() -> None:
+    main = router_container()
+    assert "--store" not in main["command"]
+    assert "--redis-url" not in main["command"]
+    assert "env" not in main
+
+
+def test_router_redis_url_is_passed_literally() -> None:
+    main = router_container({"router": {"redis": {"url": "redis://:pa$(x)@valkey:6379/0"}}})
+    assert flag(main["command"], "--store") == "redis"
+    assert flag(main["command"], "--redis-url") == "redis://:pa$$(x)@valkey:6379/0"
+    assert "env" not in main
+
+
+def test_router_redis_url_from_secret_is_expanded_from_env() -> None:
+    patch = {"router": {"replicas": 2, "redis": {"urlSecret": {"name": "valkey", "key": "uri"}}}}
+    main = router_container(patch)
+    assert flag(main["command"], "--store") == "redis"
+    assert flag(main["command"], "--redis-url") == "$(DISAGG_REDIS_URL)"
+    assert main["env"] == [
+        {
+            "name": "DISAGG_REDIS_URL",
+            "valueFrom": {"secretKeyRef": {"name": "valkey", "key": "uri"}},
+        }
+    ]
+    default_key = router_container({"router": {"redis": {"urlSecret": {"name": "valkey"}}}})
+    assert default_key["env"][0]["valueFrom"]["secretKeyRef"]["key"] == "url"
 
 
 def test_router_resources_and_rbac() -> None:
