@@ -103,6 +103,7 @@ class EngineServer:
             "--max-num-seqs", "4",
             "--kv-cache-memory-bytes", str(self.kv_cache_bytes),
             "--seed", "0",
+            "--enable-prompt-tokens-details",
         ]  # fmt: skip
         if self.spec.role == "prefill":
             vllm_args.append("--no-enable-prefix-caching")
