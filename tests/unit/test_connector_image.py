@@ -1,4 +1,5 @@
-"""The serving image's Python layout: the wheel it installs and the Dockerfile's pins.
+"""The serving and router images: the wheel they install, the Dockerfiles' pins and the
+router's runtime dependencies.
 
 No Docker engine here, so the test builds the same wheel the Dockerfile builds and checks
 what the image would get from it.
@@ -6,25 +7,31 @@ what the image would get from it.
 
 from __future__ import annotations
 
+import ast
+import json
 import re
 import shutil
 import subprocess
 import sys
 import zipfile
+from importlib.metadata import packages_distributions, requires
 from pathlib import Path
 
 import pytest
 from disagg_connector.stream_params import NATIVE_STREAM_PARAMS_VERSION
 from disagg_connector.vllm_version import parse_version
+from disagg_operator.cli import build_parser
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "connector" / "Dockerfile"
+ROUTER_DOCKERFILE = ROOT / "connector" / "router.Dockerfile"
+ROUTER_PACKAGE = ROOT / "connector" / "disagg_connector" / "router"
 MODULES = ("connector", "scheduler", "launcher", "commands", "stream_params", "prefix_digest")
 
 
-def wheel_stage_copies() -> list[tuple[list[str], str]]:
-    """``COPY`` sources and destination of the Dockerfile's wheel-building stage."""
-    stage = DOCKERFILE.read_text().split("FROM ")[1]
+def wheel_stage_copies(dockerfile: Path = DOCKERFILE) -> list[tuple[list[str], str]]:
+    """``COPY`` sources and destination of a Dockerfile's wheel-building stage."""
+    stage = dockerfile.read_text().split("FROM ")[1]
     copies = []
     for line in stage.splitlines():
         if line.startswith("COPY "):
@@ -97,4 +104,91 @@ def test_dockerfile_pins_a_vllm_that_streams_params_and_runs_unprivileged() -> N
     for label in ("title", "description", "version", "licenses", "base.name"):
         assert f"org.opencontainers.image.{label}=" in text
     assert "/tmp/wheels/disagg-*.whl" in text
-    assert "--no-deps" in text
+
+
+def _final_stage(dockerfile: Path) -> str:
+    return dockerfile.read_text().split("\nFROM ")[-1]
+
+
+def _run_lines(dockerfile: Path) -> list[str]:
+    """The shell commands of the final stage's RUN instructions, one per `&&` step."""
+    text = _final_stage(dockerfile).replace("\\\n", " ")
+    runs = [line[len("RUN ") :] for line in text.splitlines() if line.startswith("RUN ")]
+    return [step.strip() for run in runs for step in run.split("&&")]
+
+
+def _name(requirement: str) -> str:
+    match = re.match(r"[A-Za-z0-9][A-Za-z0-9._-]*", requirement)
+    assert match is not None, requirement
+    return re.sub(r"[-_.]+", "-", match.group()).lower()
+
+
+def _router_requirements() -> list[str]:
+    """What `disagg[router]` installs: the base requirements and the router extra."""
+    found = []
+    for requirement in requires("disagg") or []:
+        _, _, marker = requirement.partition(";")
+        if not marker or re.search(r"extra\s*==\s*['\"]router['\"]", marker):
+            found.append(requirement.partition(";")[0].strip())
+    return found
+
+
+def _router_imports() -> set[str]:
+    """Top-level third-party modules the router package imports (lazy imports included)."""
+    modules = set()
+    for path in ROUTER_PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                modules.update(alias.name.split(".")[0] for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                modules.add(node.module.split(".")[0])
+    return {m for m in modules if m not in sys.stdlib_module_names and not m.startswith("disagg")}
+
+
+def test_router_extra_covers_every_module_the_router_imports() -> None:
+    declared = {_name(r) for r in _router_requirements()}
+    provided = set(declared)
+    for requirement in declared:
+        provided.update(_name(r) for r in requires(requirement) or [] if "extra ==" not in r)
+    distributions = packages_distributions()
+    imports = _router_imports()
+    assert {"kubernetes", "redis", "uvicorn", "fastapi", "httpx"} <= imports
+    for module in imports:
+        assert {_name(d) for d in distributions[module]} & provided, module
+    assert {"sniffio", "kubernetes", "redis"} <= declared
+    assert "uvicorn[standard]" in "".join(_router_requirements())
+
+
+def test_serving_image_adds_the_router_deps_under_its_own_pins() -> None:
+    steps = _run_lines(DOCKERFILE)
+    (freeze,) = [i for i, step in enumerate(steps) if "pip list --format=freeze >" in step]
+    constraints = steps[freeze].split(">")[-1].strip()
+    (install,) = [i for i, step in enumerate(steps) if "[router]" in step]
+    assert f"-c {constraints}" in steps[install]
+    assert "--no-deps" not in steps[install]
+    nixl = [i for i, step in enumerate(steps) if "NIXL" in step and "pip install" in step]
+    assert nixl and max(nixl) < freeze < install, "pins are taken after every other install"
+
+
+def test_router_image_is_slim_non_root_and_holds_no_engine() -> None:
+    text = ROUTER_DOCKERFILE.read_text()
+    assert re.search(r"^ARG PYTHON_IMAGE=python:3\.\d+-slim$", text, re.M)
+    assert wheel_stage_copies(ROUTER_DOCKERFILE) == wheel_stage_copies(DOCKERFILE)
+    users = re.findall(r"^USER (\d+):(\d+)$", _final_stage(ROUTER_DOCKERFILE), re.M)
+    assert users and all(int(uid) > 0 and int(gid) > 0 for uid, gid in users)
+    installs = [step for step in _run_lines(ROUTER_DOCKERFILE) if "pip install" in step]
+    assert installs and all("[router]" in step for step in installs), installs
+    assert not re.search(r"vllm|torch|nixl", " ".join(installs), re.I)
+    assert not [r for r in _router_requirements() if _name(r) in ("vllm", "nixl", "torch")]
+    assert "docker build -f connector/router.Dockerfile" in text
+    assert "docker push" in text
+
+
+def test_router_image_default_command_is_the_router() -> None:
+    final = _final_stage(ROUTER_DOCKERFILE)
+    entrypoint = re.search(r"^ENTRYPOINT (\[.*\])$", final, re.M)
+    cmd = re.search(r"^CMD (\[.*\])$", final, re.M)
+    assert entrypoint and cmd and json.loads(entrypoint.group(1)) == ["disagg"]
+    assert json.loads(cmd.group(1)) == ["router", "--help"]
+    args = build_parser().parse_args(["router", "--store", "redis"])
+    assert args.command == "router"
