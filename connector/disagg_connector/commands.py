@@ -71,7 +71,7 @@ def _run_router(args: argparse.Namespace) -> int:
 
 
 def _register_plan(subparsers: Any) -> None:
-    from disagg_connector.plan.cli import add_arguments
+    from disagg_connector.plan.cli import add_arguments, run
 
     parser = subparsers.add_parser(
         "plan",
@@ -80,17 +80,11 @@ def _register_plan(subparsers: Any) -> None:
         "floor per prompt length, and a suggested recomputeThresholdTokens. Pure Python.",
     )
     add_arguments(parser)
-    parser.set_defaults(func=_run_plan)
-
-
-def _run_plan(args: argparse.Namespace) -> int:
-    from disagg_connector.plan.cli import run
-
-    return run(args)
+    parser.set_defaults(func=run)
 
 
 def _register_bench(subparsers: Any) -> None:
-    from disagg_connector.bench.cli import add_arguments
+    from disagg_connector.bench.cli import add_arguments, run
 
     parser = subparsers.add_parser(
         "bench",
@@ -101,10 +95,4 @@ def _register_bench(subparsers: Any) -> None:
         "a summary table. Or plot vLLM's multi-turn benchmark stats (--from-vllm-stats).",
     )
     add_arguments(parser)
-    parser.set_defaults(func=_run_bench)
-
-
-def _run_bench(args: argparse.Namespace) -> int:
-    from disagg_connector.bench.cli import run
-
-    return run(args)
+    parser.set_defaults(func=run)
