@@ -4,34 +4,33 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
 
 import httpx
 import pytest
-from router_harness import RouterRig, metric, router_rig, start_engine
+from router_harness import RouterRig, metric, start_engine
 
 MODEL = "standin-model"
 
 
-@pytest.fixture
-def rig() -> Iterator[RouterRig]:
-    with router_rig() as running:
-        yield running
+# Health checks too rare to notice a replica going away: only failed calls reveal it.
+unwatched = pytest.mark.parametrize(
+    "rig", [{"health_interval_s": 60}], indirect=True, ids=["health-60s"]
+)
 
 
-@pytest.fixture
-def client(rig: RouterRig) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=rig.routers[0].url, timeout=10) as http:
-        yield http
-
-
-def turn(client: httpx.Client, text: str = "hello", conv: str = "c") -> httpx.Response:
-    body = {
+def chat_body(text: str = "hello", conv: str = "c", **fields: object) -> dict[str, object]:
+    return {
         "model": MODEL,
         "messages": [{"role": "user", "content": text}],
         "conversation_id": conv,
+        **fields,
     }
-    return client.post("/v1/chat/completions", json=body)
+
+
+def turn(
+    client: httpx.Client, text: str = "hello", conv: str = "c", **fields: object
+) -> httpx.Response:
+    return client.post("/v1/chat/completions", json=chat_body(text, conv, **fields))
 
 
 def lookups(client: httpx.Client, result: str) -> float:
@@ -59,21 +58,20 @@ def test_prefill_error_is_retried_on_the_other_replica(
     assert metric(client, "disagg_router_upstream_errors_total", **labels) == 1
 
 
-def test_unreachable_prefill_fails_over_and_still_reuses_kv() -> None:
-    with (
-        router_rig(health_interval_s=60) as rig,
-        httpx.Client(base_url=rig.routers[0].url, timeout=10) as client,
-    ):
+@unwatched
+def test_unreachable_prefill_fails_over_and_still_reuses_kv(
+    rig: RouterRig, client: httpx.Client
+) -> None:
+    assert turn(client).status_code == 200
+    dead, live = rig.prefill
+    dead.server.stop()
+    for _ in range(2):
         assert turn(client).status_code == 200
-        dead, live = rig.prefill
-        dead.server.stop()
-        for _ in range(2):
-            assert turn(client).status_code == 200
-        labels = {"role": "prefill", "replica": dead.url, "kind": "connect"}
-        assert metric(client, "disagg_router_upstream_errors_total", **labels) == 1
-        assert metric(client, "disagg_router_prefill_retries_total") == 1
-        assert lookups(client, "hit") == 2
-        assert len(live.state.reads) == 2, "the retry still read decode's blocks"
+    labels = {"role": "prefill", "replica": dead.url, "kind": "connect"}
+    assert metric(client, "disagg_router_upstream_errors_total", **labels) == 1
+    assert metric(client, "disagg_router_prefill_retries_total") == 1
+    assert lookups(client, "hit") == 2
+    assert len(live.state.reads) == 2, "the retry still read decode's blocks"
 
 
 def test_engine_client_errors_are_relayed_and_keep_the_entry(
@@ -105,24 +103,23 @@ def test_prefill_failing_everywhere_gives_502_then_next_turn_recomputes(
     assert (lookups(client, "hit"), lookups(client, "miss")) == (1, 2)
 
 
-def test_no_prefill_reachable_is_503_and_keeps_the_entry() -> None:
-    with (
-        router_rig(health_interval_s=60) as rig,
-        httpx.Client(base_url=rig.routers[0].url, timeout=10) as client,
-    ):
-        assert turn(client).status_code == 200
-        ports = [e.server.port for e in rig.prefill]
-        for engine in rig.prefill:
-            engine.server.stop()
-        down = turn(client)
-        assert down.status_code == 503
-        assert down.json()["error"]["type"] == "service_unavailable"
-        rig.prefill = [start_engine("prefill", f"p{i}", port) for i, port in enumerate(ports)]
-        wait_until(lambda: client.get("/health").status_code == 200)
-        assert turn(client).status_code == 200
-        assert lookups(client, "hit") == 2
-        reads = [r for e in rig.prefill for r in e.state.reads]
-        assert len(reads) == 1, "the unserved turn kept the entry usable"
+@unwatched
+def test_no_prefill_reachable_is_503_and_keeps_the_entry(
+    rig: RouterRig, client: httpx.Client
+) -> None:
+    assert turn(client).status_code == 200
+    ports = [e.server.port for e in rig.prefill]
+    for engine in rig.prefill:
+        engine.server.stop()
+    down = turn(client)
+    assert down.status_code == 503
+    assert down.json()["error"]["type"] == "service_unavailable"
+    rig.prefill = [start_engine("prefill", f"p{i}", port) for i, port in enumerate(ports)]
+    wait_until(lambda: client.get("/health").status_code == 200)
+    assert turn(client).status_code == 200
+    assert lookups(client, "hit") == 2
+    reads = [r for e in rig.prefill for r in e.state.reads]
+    assert len(reads) == 1, "the unserved turn kept the entry usable"
 
 
 def test_decode_killed_between_turns_next_turn_recomputes_elsewhere(
@@ -141,20 +138,19 @@ def test_decode_killed_between_turns_next_turn_recomputes_elsewhere(
     assert lookups(client, "hit") == 1
 
 
-def test_decode_dying_unnoticed_fails_over_to_another_decode() -> None:
-    with (
-        router_rig(health_interval_s=60) as rig,
-        httpx.Client(base_url=rig.routers[0].url, timeout=10) as client,
-    ):
-        assert turn(client).status_code == 200
-        (used,) = [e for e in rig.decode if e.state.received]
-        (other,) = [e for e in rig.decode if e is not used]
-        used.server.stop()
-        assert turn(client).status_code == 200
-        assert len(other.state.received) == 1
-        labels = {"role": "decode", "replica": used.url, "kind": "connect"}
-        assert metric(client, "disagg_router_upstream_errors_total", **labels) == 1
-        assert metric(client, "disagg_router_decode_affinity_total", result="kept") == 1
+@unwatched
+def test_decode_dying_unnoticed_fails_over_to_another_decode(
+    rig: RouterRig, client: httpx.Client
+) -> None:
+    assert turn(client).status_code == 200
+    (used,) = [e for e in rig.decode if e.state.received]
+    (other,) = [e for e in rig.decode if e is not used]
+    used.server.stop()
+    assert turn(client).status_code == 200
+    assert len(other.state.received) == 1
+    labels = {"role": "decode", "replica": used.url, "kind": "connect"}
+    assert metric(client, "disagg_router_upstream_errors_total", **labels) == 1
+    assert metric(client, "disagg_router_decode_affinity_total", result="kept") == 1
 
 
 def test_decode_error_is_a_502_for_that_request_only(rig: RouterRig, client: httpx.Client) -> None:
@@ -204,11 +200,7 @@ def test_concurrent_turns_of_one_conversation_reuse_the_kv_once(
 
     async def fan_out() -> list[int]:
         async with httpx.AsyncClient(base_url=rig.routers[0].url, timeout=10) as http:
-            body = {
-                "model": MODEL,
-                "messages": [{"role": "user", "content": "tool call"}],
-                "conversation_id": "c",
-            }
+            body = chat_body("tool call")
             responses = await asyncio.gather(
                 *(http.post("/v1/chat/completions", json=body) for _ in range(5))
             )
@@ -229,13 +221,7 @@ def test_client_leaving_mid_stream_releases_the_decode_call(
     assert turn(client).status_code == 200
     for engine in rig.decode:
         engine.state.token_delay_s = 0.2
-    body = {
-        "model": MODEL,
-        "messages": [{"role": "user", "content": "long answer"}],
-        "conversation_id": "c",
-        "stream": True,
-        "max_tokens": 50,
-    }
+    body = chat_body("long answer", stream=True, max_tokens=50)
     with client.stream("POST", "/v1/chat/completions", json=body) as response:
         assert response.status_code == 200
         next(response.iter_bytes())
@@ -270,13 +256,7 @@ def test_decode_stream_breaking_off_ends_with_an_error_event(
     assert turn(client).status_code == 200
     for engine in rig.decode:
         engine.state.break_stream_after = 3
-    body = {
-        "model": MODEL,
-        "messages": [{"role": "user", "content": "hello"}],
-        "conversation_id": "c",
-        "stream": True,
-    }
-    response = client.post("/v1/chat/completions", json=body)
+    response = turn(client, stream=True)
     assert response.status_code == 200
     last = response.text.strip().split("\n\n")[-1]
     assert last.startswith("data: ") and '"error"' in last

@@ -4,26 +4,13 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
-from router_harness import RouterRig, metric, router_rig
+from router_harness import RouterRig, metric
 
 MODEL = "standin-model"
-
-
-@pytest.fixture
-def rig() -> Iterator[RouterRig]:
-    with router_rig() as running:
-        yield running
-
-
-@pytest.fixture
-def client(rig: RouterRig) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=rig.routers[0].url, timeout=10) as http:
-        yield http
 
 
 def sse_events(text: str) -> list[Any]:
@@ -188,17 +175,16 @@ def test_streams_answer_like_non_streams(client: httpx.Client) -> None:
     assert plain == streamed and plain
 
 
-def test_turn_after_the_conversation_ttl_is_a_clean_miss() -> None:
-    with (
-        router_rig(conversation_ttl_s=0.3) as rig,
-        httpx.Client(base_url=rig.routers[0].url, timeout=10) as client,
-    ):
-        messages = [{"role": "user", "content": "hello"}]
-        chat(client, messages, conversation_id="slow")
-        time.sleep(0.5)
-        chat(client, messages, conversation_id="slow")
-        assert metric(client, "disagg_router_conversation_lookups_total", result="expired") == 1
-        assert [r for e in rig.prefill for r in e.state.reads] == []
+@pytest.mark.parametrize("rig", [{"conversation_ttl_s": 0.3}], indirect=True, ids=["ttl-0.3s"])
+def test_turn_after_the_conversation_ttl_is_a_clean_miss(
+    rig: RouterRig, client: httpx.Client
+) -> None:
+    messages = [{"role": "user", "content": "hello"}]
+    chat(client, messages, conversation_id="slow")
+    time.sleep(0.5)
+    chat(client, messages, conversation_id="slow")
+    assert metric(client, "disagg_router_conversation_lookups_total", result="expired") == 1
+    assert [r for e in rig.prefill for r in e.state.reads] == []
 
 
 def test_decode_published_expiry_shortens_the_entry(rig: RouterRig, client: httpx.Client) -> None:
