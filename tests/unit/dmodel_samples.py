@@ -19,6 +19,21 @@ EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
 DELETE = object()
 """Patch value that removes a key."""
 
+KV_TRANSFER_KEYS = frozenset(
+    {
+        "kv_connector",
+        "engine_id",
+        "kv_buffer_device",
+        "kv_role",
+        "kv_port",
+        "kv_connector_extra_config",
+        "kv_connector_module_path",
+        "enable_permute_local_kv",
+        "kv_load_failure_policy",
+    }
+)
+"""The ``--kv-transfer-config`` keys current vLLM's ``KVTransferConfig`` accepts."""
+
 
 def minimal_spec() -> dict[str, Any]:
     """The smallest valid spec: a model and an image."""

@@ -19,21 +19,7 @@ from disagg_connector.vllm_facts import kv_transfer_config_keys
 from disagg_operator.connector_config import config_map_data
 from disagg_operator.models import DisaggregatedModelSpec
 from disagg_operator.names import Component
-from dmodel_samples import EXAMPLES
-
-ACCEPTED = frozenset(
-    {
-        "kv_connector",
-        "engine_id",
-        "kv_buffer_device",
-        "kv_role",
-        "kv_port",
-        "kv_connector_extra_config",
-        "kv_connector_module_path",
-        "enable_permute_local_kv",
-        "kv_load_failure_policy",
-    }
-)
+from dmodel_samples import EXAMPLES, KV_TRANSFER_KEYS
 
 
 def config(role: Role = Role.PREFILL, **extra: Any) -> dict[str, Any]:
@@ -54,7 +40,7 @@ def config(role: Role = Role.PREFILL, **extra: Any) -> dict[str, Any]:
 
 def check(cfg: object, role: Role = Role.PREFILL, version: str = "0.33.0") -> dict[str, Any]:
     return check_config(
-        cfg, role, accepted_keys=ACCEPTED, vllm_version=version, source="/etc/disagg/x.json"
+        cfg, role, accepted_keys=KV_TRANSFER_KEYS, vllm_version=version, source="/etc/disagg/x.json"
     )
 
 

@@ -13,7 +13,7 @@ from disagg_operator.loading import load_resource, load_spec
 from disagg_operator.models import MAX_NAME_LENGTH
 from disagg_operator.names import CONFIG_HASH_ANNOTATION
 from disagg_operator.render import hash_seed, render
-from dmodel_samples import EXAMPLES, load_example, minimal_spec, spec_with
+from dmodel_samples import EXAMPLES, KV_TRANSFER_KEYS, load_example, minimal_spec, spec_with
 
 Manifest = dict[str, Any]
 NAME, NAMESPACE = "demo", "ml"
@@ -104,19 +104,8 @@ def test_kv_transfer_settings_reach_both_roles() -> None:
 
 
 def test_kv_transfer_config_has_only_keys_current_vllm_accepts() -> None:
-    accepted = {
-        "kv_connector",
-        "engine_id",
-        "kv_buffer_device",
-        "kv_role",
-        "kv_port",
-        "kv_connector_extra_config",
-        "kv_connector_module_path",
-        "enable_permute_local_kv",
-        "kv_load_failure_policy",
-    }
     for role in ("prefill", "decode"):
-        assert set(kv_config(None, role)) <= accepted
+        assert set(kv_config(None, role)) <= KV_TRANSFER_KEYS
 
 
 def test_pods_run_the_launcher_with_their_role_config() -> None:
