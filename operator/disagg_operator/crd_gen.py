@@ -21,6 +21,7 @@ from typing import Any
 import yaml
 
 from disagg_operator.base import ApiModel
+from disagg_operator.generated import add_mode_arguments, print_write_or_check
 from disagg_operator.models import (
     GROUP,
     KIND,
@@ -267,22 +268,10 @@ def crd_yaml() -> str:
 def main(argv: list[str] | None = None) -> int:
     """Print, write (--write) or check (--check) the generated CRD."""
     parser = argparse.ArgumentParser(prog="python -m disagg_operator.crd_gen")
-    mode = parser.add_mutually_exclusive_group()
-    mode.add_argument("--write", action="store_true", help=f"write {CRD_PATH.name}")
-    mode.add_argument("--check", action="store_true", help="fail when the file is stale")
+    add_mode_arguments(parser, CRD_PATH)
     parser.add_argument("--path", type=Path, default=CRD_PATH, help="CRD file path")
     args = parser.parse_args(argv)
-    text = crd_yaml()
-    if args.write:
-        args.path.parent.mkdir(parents=True, exist_ok=True)
-        args.path.write_text(text)
-    elif args.check:
-        if not args.path.exists() or args.path.read_text() != text:
-            print(f"{args.path} is stale: run `make crds`", file=sys.stderr)
-            return 1
-    else:
-        sys.stdout.write(text)
-    return 0
+    return print_write_or_check(crd_yaml(), args.path, args, "crds")
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import yaml
 
+from disagg_operator.generated import add_mode_arguments, print_write_or_check
 from disagg_operator.render import ROUTER_RULES
 from disagg_operator.resources import (
     CHILD_RESOURCES,
@@ -105,21 +106,9 @@ def rules_yaml() -> str:
 def main(argv: list[str] | None = None) -> int:
     """Print, write or check the chart's copy of the rules."""
     parser = argparse.ArgumentParser(description=__doc__)
-    mode = parser.add_mutually_exclusive_group()
-    mode.add_argument("--write", action="store_true", help=f"write {RULES_PATH.name}")
-    mode.add_argument("--check", action="store_true", help="exit 1 when the file is stale")
+    add_mode_arguments(parser, RULES_PATH)
     args = parser.parse_args(argv)
-    text = rules_yaml()
-    if args.write:
-        RULES_PATH.parent.mkdir(parents=True, exist_ok=True)
-        RULES_PATH.write_text(text)
-    elif args.check:
-        if not RULES_PATH.is_file() or RULES_PATH.read_text() != text:
-            print(f"{RULES_PATH} is stale: run `make operator-rbac`", file=sys.stderr)
-            return 1
-    else:
-        sys.stdout.write(text)
-    return 0
+    return print_write_or_check(rules_yaml(), RULES_PATH, args, "operator-rbac")
 
 
 if __name__ == "__main__":
