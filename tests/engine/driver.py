@@ -14,16 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+from disagg_connector.router.kv_params import prefill_params
 from rig import MODEL_NAME
-
-NO_OFFER = {
-    "do_remote_decode": True,
-    "do_remote_prefill": False,
-    "remote_engine_id": None,
-    "remote_block_ids": None,
-    "remote_host": None,
-    "remote_port": None,
-}
 
 
 @dataclass
@@ -82,7 +74,7 @@ class PDDriver:
             "ignore_eos": True,
             "return_token_ids": True,
         }
-        offer = conversation.offer if (self.reuse and conversation.offer) else NO_OFFER
+        offer = conversation.offer if (self.reuse and conversation.offer) else prefill_params(None)
         prefill = self.client.post(
             self.prefill_url + path,
             json={**common, "max_tokens": 1, "stream": False, "kv_transfer_params": dict(offer)},
