@@ -23,6 +23,7 @@ venv: $(BIN)/.installed
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/mypy operator/disagg_operator connector/disagg_connector
 
 crds: venv
 	$(BIN)/python -m disagg_operator.crd_gen --write

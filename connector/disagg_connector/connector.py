@@ -43,6 +43,7 @@ class DisaggConnector(NixlPullConnector):
     ) -> None:
         # Skip NixlPullConnector.__init__: it would build the stock scheduler/worker.
         super(NixlPullConnector, self).__init__(vllm_config, role, kv_cache_config)
+        self.connector_scheduler: DisaggConnectorScheduler | None
         if role == KVConnectorRole.SCHEDULER:
             self.connector_scheduler = DisaggConnectorScheduler(
                 vllm_config, self.engine_id, kv_cache_config
