@@ -9,6 +9,7 @@ from typing import Any
 
 from disagg_connector.plan import calibration
 from disagg_connector.plan.calibration import PointError, PublishedPoint
+from disagg_connector.plan.feasibility import GrowthCheck, growth_checks
 from disagg_connector.plan.physics import Efficiency, kv_bytes_per_token_per_gpu
 from disagg_connector.plan.predict import Deployment, Prediction
 
@@ -197,6 +198,36 @@ def _row(point: PublishedPoint, errs: Sequence[PointError]) -> list[str]:
     return cells
 
 
+def _interval(low: float, high: float) -> str:
+    return f"{max(low, 0):.2f}x..{high:.2f}x" if math.isfinite(high) else f">= {low:.2f}x"
+
+
+def growth_text() -> list[str]:
+    """Why no constants meet the bounds: each single-term growth ratio against its window."""
+    bounds = (calibration.JOINT_BOUND, calibration.CROSS_MODEL_BOUND)
+    by_bound: list[list[GrowthCheck]] = [growth_checks(bound) for bound in bounds]
+    rows = [
+        ["quantity", "grows by", "published", *(f"within {b:.0%} needs" for b in bounds), "physics"]
+    ]
+    for checks in zip(*by_bound, strict=True):
+        first = checks[0]
+        rows.append(
+            [
+                first.quantity.value,
+                first.term,
+                f"{first.published_ratio:.2f}x",
+                *(_interval(*check.allowed) for check in checks),
+                f"{first.model_ratio:.2f}x",
+            ]
+        )
+    return [
+        "growth from 2k to the longest prompt, GLM-5-FP8 over Qwen3-32B: each quantity below",
+        "grows by one physical term over one constant, so the constants cancel from the ratio;",
+        "predictions within the bound of every point need the ratio inside the window",
+        *_align(rows),
+    ]
+
+
 def calibration_text(report: CalibrationReport) -> str:
     """Every published point with its predictions under both fits, then the verdicts."""
     qwen, glm = calibration.PUBLISHED_MODELS
@@ -230,5 +261,7 @@ def calibration_text(report: CalibrationReport) -> str:
         f"Qwen3-32B {qwen_self:.0%}, GLM-5-FP8 {glm_self:.0%}",
         f"implied compute efficiency: Qwen3-32B {report.qwen_only.compute:.1%}, "
         f"GLM-5-FP8 {glm_alone.compute:.1%} of the roofline",
+        "",
+        *growth_text(),
     ]
     return "\n".join(lines) + "\n"
