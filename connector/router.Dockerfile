@@ -22,7 +22,7 @@ LABEL org.opencontainers.image.title="disagg-router" \
       org.opencontainers.image.licenses="Apache-2.0"
 
 # The base install (kubernetes for EndpointSlice discovery) plus the `router` extra (fastapi,
-# uvicorn[standard], httpx, redis, sniffio).
+# uvicorn[standard], aiohttp, redis).
 COPY --from=wheel /wheels /tmp/wheels
 RUN WHEEL="$(echo /tmp/wheels/disagg-*.whl)" \
     && python -m pip install --no-cache-dir "${WHEEL}[router]" \

@@ -152,10 +152,10 @@ def test_router_extra_covers_every_module_the_router_imports() -> None:
         provided.update(_name(r) for r in requires(requirement) or [] if "extra ==" not in r)
     distributions = packages_distributions()
     imports = _router_imports()
-    assert {"kubernetes", "redis", "uvicorn", "fastapi", "httpx"} <= imports
+    assert {"kubernetes", "redis", "uvicorn", "fastapi", "aiohttp"} <= imports
     for module in imports:
         assert {_name(d) for d in distributions[module]} & provided, module
-    assert {"sniffio", "kubernetes", "redis"} <= declared
+    assert {"aiohttp", "kubernetes", "redis"} <= declared
     assert "uvicorn[standard]" in "".join(_router_requirements())
 
 

@@ -1,15 +1,21 @@
-"""ASGI app wiring: the lifespan owns the shared HTTP client and the router's parts."""
+"""ASGI app wiring: generation requests go straight to the proxy, FastAPI serves the rest.
+
+The two generation endpoints skip FastAPI's routing and middleware stack (a fifth of the
+router's CPU per turn); the lifespan, which owns the engine client and the router's parts,
+and every other route stay with FastAPI.
+"""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-import httpx
 from fastapi import FastAPI
+from starlette.datastructures import State
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
 
 from disagg_connector.router import routes
 from disagg_connector.router.config import RouterConfig
@@ -17,26 +23,46 @@ from disagg_connector.router.discovery import build_discovery
 from disagg_connector.router.errors import RouterError, error_response, request_id_of
 from disagg_connector.router.health import HealthChecker
 from disagg_connector.router.metrics import RouterMetrics
+from disagg_connector.router.openai_request import Endpoint
 from disagg_connector.router.proxy import ProxyService
 from disagg_connector.router.replicas import ReplicaPool, Role
 from disagg_connector.router.stores import build_store
+from disagg_connector.router.upstream import EngineClient
+
+_ENDPOINTS = {endpoint.value: endpoint for endpoint in Endpoint}
 
 
-def create_app(config: RouterConfig) -> FastAPI:
+class RouterApp:
+    """The router's ASGI app."""
+
+    def __init__(self, api: FastAPI) -> None:
+        self._api = api
+
+    @property
+    def state(self) -> State:
+        """The router's parts (pools, store, metrics, proxy), set by the lifespan."""
+        return self._api.state
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Serve POSTs to the generation endpoints directly, anything else through FastAPI."""
+        endpoint = _ENDPOINTS.get(scope["path"]) if scope["type"] == "http" else None
+        if endpoint is None:
+            await self._api(scope, receive, send)
+            return
+        request = Request(scope, receive)
+        if request.method == "POST":
+            response = await self.state.proxy.handle(endpoint, request)
+        else:
+            response = not_routed(405, "Method Not Allowed", request)
+        await response(scope, receive, send)
+
+
+def create_app(config: RouterConfig) -> RouterApp:
     """Build the router app for a validated ``config``."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        # Idle engine connections are dropped before uvicorn's (vLLM's) 5 s keep-alive closes
-        # them, so a request never races the server closing its connection.
-        limits = httpx.Limits(
-            max_connections=None, max_keepalive_connections=1024, keepalive_expiry=4.0
-        )
-        transport = httpx.AsyncHTTPTransport(limits=limits)
-        client = httpx.AsyncClient(
-            transport=transport,
-            timeout=httpx.Timeout(config.decode_timeout_s, connect=config.connect_timeout_s),
-        )
+        engines = EngineClient(config.connect_timeout_s)
         pools = tuple(
             ReplicaPool(role, config.health_interval_s, config.health_max_backoff_s)
             for role in (Role.PREFILL, Role.DECODE)
@@ -45,33 +71,38 @@ def create_app(config: RouterConfig) -> FastAPI:
         store = build_store(config)
         discovery = build_discovery(config, prefill, decode)
         metrics = RouterMetrics()
-        health = HealthChecker(client, pools, config.health_interval_s, config.health_timeout_s)
+        health = HealthChecker(engines, pools, config.health_interval_s, config.health_timeout_s)
         await discovery.start()
         await health.check_due()
         health.start()
         state = app.state
         state.prefill, state.decode, state.store = prefill, decode, store
         state.metrics, state.health = metrics, health
-        state.proxy = ProxyService(config, transport, prefill, decode, store, metrics, health)
+        state.proxy = ProxyService(config, engines, prefill, decode, store, metrics, health)
         try:
             yield
         finally:
             await health.stop()
             await discovery.stop()
             await store.close()
-            await client.aclose()
+            await engines.close()
 
-    app = FastAPI(
+    api = FastAPI(
         title="disagg router", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None
     )
-    app.include_router(routes.router)
-    app.add_exception_handler(HTTPException, _http_error)
-    return app
+    api.include_router(routes.router)
+    api.add_exception_handler(HTTPException, _http_error)
+    return RouterApp(api)
+
+
+def not_routed(status: int, detail: str, request: Request) -> Response:
+    """An OpenAI-shaped error for a path or method the router does not serve."""
+    error = RouterError(status, f"{detail}: {request.method} {request.url.path}")
+    return error_response(error, request_id_of(request.headers))
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
     """Unknown paths and wrong methods, as OpenAI-shaped errors."""
-    status = exc.status_code if isinstance(exc, HTTPException) else 500
-    detail = exc.detail if isinstance(exc, HTTPException) else "Internal router error."
-    error = RouterError(status, f"{detail}: {request.method} {request.url.path}")
-    return error_response(error, request_id_of(request.headers))
+    if isinstance(exc, HTTPException):
+        return not_routed(exc.status_code, exc.detail, request)
+    return not_routed(500, "Internal router error.", request)

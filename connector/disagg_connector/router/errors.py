@@ -9,6 +9,8 @@ from typing import Any
 from starlette.datastructures import Headers
 from starlette.responses import Response
 
+from disagg_connector.router.codec import json_object
+
 REQUEST_ID_HEADER = "X-Request-Id"
 _MAX_REQUEST_ID_CHARS = 128
 
@@ -50,22 +52,16 @@ class EngineRejected(RouterError):
 
     def render(self) -> bytes:
         """The engine's body when it is an OpenAI error, else one built from its text."""
-        try:
-            parsed = json.loads(self.content)
-        except ValueError:
-            parsed = None
-        if isinstance(parsed, dict) and isinstance(parsed.get("error"), dict):
+        parsed = json_object(self.content)
+        if parsed is not None and isinstance(parsed.get("error"), dict):
             return self.content
         return super().render()
 
 
 def engine_message(content: bytes) -> str:
     """The ``message`` of an engine's error body, else its first 300 characters."""
-    try:
-        parsed = json.loads(content)
-    except ValueError:
-        parsed = None
-    if isinstance(parsed, dict):
+    parsed = json_object(content)
+    if parsed is not None:
         error = parsed.get("error")
         if isinstance(error, dict) and isinstance(error.get("message"), str):
             return str(error["message"])

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 from typing import Any
 
-import httpx
-
 from disagg_connector.router.replicas import Replica, ReplicaPool, Role
+from disagg_connector.router.upstream import EngineClient, UpstreamFailure
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +26,7 @@ class HealthChecker:
 
     def __init__(
         self,
-        client: httpx.AsyncClient,
+        client: EngineClient,
         pools: tuple[ReplicaPool, ...],
         interval_s: float,
         timeout_s: float,
@@ -70,9 +70,9 @@ class HealthChecker:
 
     async def _check(self, pool: ReplicaPool, replica: Replica) -> None:
         try:
-            response = await self._client.get(replica.url + "/health", timeout=self._timeout_s)
-            healthy = response.status_code == 200
-        except httpx.HTTPError:
+            status, _ = await self._client.get(replica.url + "/health", self._timeout_s)
+            healthy = status == 200
+        except UpstreamFailure:
             healthy = False
         if not healthy:
             if replica.healthy:
@@ -96,9 +96,9 @@ class HealthChecker:
 
     async def _refresh_models(self, replica: Replica) -> bool:
         try:
-            response = await self._client.get(replica.url + "/v1/models", timeout=self._timeout_s)
-            cards = response.json().get("data") if response.status_code == 200 else None
-        except (httpx.HTTPError, ValueError, AttributeError):
+            status, content = await self._client.get(replica.url + "/v1/models", self._timeout_s)
+            cards = json.loads(content).get("data") if status == 200 else None
+        except (UpstreamFailure, ValueError, AttributeError):
             return False
         if not isinstance(cards, list) or not all(isinstance(c, dict) and "id" in c for c in cards):
             return False

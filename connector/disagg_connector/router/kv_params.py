@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from disagg_connector.router.codec import dumps
 from disagg_connector.router.conversation import TurnEntry
 
 KV_PARAMS = "kv_transfer_params"
@@ -66,6 +67,6 @@ def strip_from_events(events: bytes) -> tuple[bytes, dict[str, Any] | None]:
             if isinstance(chunk, dict) and KV_PARAMS in chunk:
                 value = chunk.pop(KV_PARAMS)
                 found = value if isinstance(value, dict) else found
-                event = b"data: " + json.dumps(chunk, separators=(",", ":")).encode()
+                event = b"data: " + dumps(chunk)
         out.append(event)
     return b"\n\n".join(out), found

@@ -2,73 +2,45 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import time
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
-from starlette.background import BackgroundTask
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.types import ASGIApp
 
+from disagg_connector.router.codec import dumps, json_object
 from disagg_connector.router.config import DECODE_EXPIRY_MARGIN_S, RouterConfig
 from disagg_connector.router.conversation import (
     SESSION_HEADER,
     Lookup,
     TurnEntry,
-    TurnStart,
     bearer_token,
     conversation_key,
 )
 from disagg_connector.router.errors import (
-    REQUEST_ID_HEADER,
     EngineRejected,
     RouterError,
     engine_message,
-    error_body,
     error_response,
     request_id_of,
     upstream_error,
 )
 from disagg_connector.router.health import HealthChecker
-from disagg_connector.router.kv_params import (
-    DECODE_EXPIRY_KEY,
-    KV_MARKER,
-    KV_PARAMS,
-    prefill_params,
-    routable,
-    strip_from_events,
-)
+from disagg_connector.router.kv_params import DECODE_EXPIRY_KEY, KV_PARAMS, prefill_params, routable
 from disagg_connector.router.metrics import RouterMetrics
-from disagg_connector.router.openai_request import ClientRequest, Endpoint, parse_request, read_body
+from disagg_connector.router.openai_request import Endpoint, parse_request, read_body
+from disagg_connector.router.relay import DecodeRelay
 from disagg_connector.router.replicas import Replica, ReplicaPool
 from disagg_connector.router.selection import Affinity, choose_decode, choose_prefill
 from disagg_connector.router.stores import ConversationStore
+from disagg_connector.router.turn import Turn
+from disagg_connector.router.upstream import EngineClient, EngineResponse, UpstreamFailure
 
 log = logging.getLogger("disagg.router")
 
 _PREFILL_DROPPED = ("max_completion_tokens", "min_tokens", "stream_options")
-
-
-def _dumps(data: object) -> bytes:
-    return json.dumps(data, separators=(",", ":")).encode()
-
-
-@dataclass
-class _Turn:
-    """State of one client request as it moves through prefill and decode."""
-
-    request: ClientRequest
-    request_id: str
-    started: float
-    key: str | None = None
-    start: TurnStart | None = None
-    entry: TurnEntry | None = None
-    entry_spent: bool = False
-    lookup: Lookup = Lookup.NO_KEY
 
 
 @dataclass(frozen=True)
@@ -84,7 +56,7 @@ class ProxyService:
     def __init__(
         self,
         config: RouterConfig,
-        transport: httpx.AsyncBaseTransport,
+        engines: EngineClient,
         prefill: ReplicaPool,
         decode: ReplicaPool,
         store: ConversationStore,
@@ -92,23 +64,23 @@ class ProxyService:
         health: HealthChecker,
     ) -> None:
         self._config = config
-        self._transport = transport
+        self._engines = engines
         self._prefill = prefill
         self._decode = decode
         self._store = store
         self._metrics = metrics
         self._health = health
 
-    async def handle(self, endpoint: Endpoint, request: Request) -> Response:
-        """Serve one generation request end to end; never raises."""
+    async def handle(self, endpoint: Endpoint, request: Request) -> ASGIApp:
+        """Serve one generation request end to end: the response to send; never raises."""
         request_id = request_id_of(request.headers)
-        turn: _Turn | None = None
+        turn: Turn | None = None
         try:
             raw = await read_body(request, self._config.max_body_bytes)
             parsed = parse_request(
                 endpoint, raw, request.headers.get(SESSION_HEADER), self._health.model_ids
             )
-            turn = _Turn(parsed, request_id, time.perf_counter())
+            turn = Turn(parsed, request_id, time.perf_counter())
             if not self._decode.healthy():
                 raise upstream_error(503, "No healthy decode replica.", "no_decode_replica")
             await self._begin(turn, bearer_token(request.headers.get("authorization")))
@@ -126,10 +98,10 @@ class ProxyService:
         self,
         endpoint: Endpoint,
         request_id: str,
-        turn: _Turn | None,
+        turn: Turn | None,
         error: RouterError,
         outcome: str,
-    ) -> Response:
+    ) -> ASGIApp:
         if turn is not None and turn.key and turn.entry is not None and not turn.entry_spent:
             try:
                 await self._store.restore(turn.key, turn.entry)
@@ -138,7 +110,7 @@ class ProxyService:
         self._metrics.requests.labels(endpoint.value, outcome).inc()
         return error_response(error, request_id)
 
-    async def _begin(self, turn: _Turn, api_key: str | None) -> None:
+    async def _begin(self, turn: Turn, api_key: str | None) -> None:
         conversation_id = turn.request.conversation_id
         if conversation_id is None:
             self._metrics.lookups.labels(Lookup.NO_KEY.value).inc()
@@ -162,29 +134,12 @@ class ProxyService:
         self._metrics.store_errors.labels(operation).inc()
         log.warning("conversation store %s failed (turn runs without reuse): %s", operation, exc)
 
-    def _request(
-        self, turn: _Turn, replica: Replica, content: bytes, timeout_s: float
-    ) -> httpx.Request:
-        """A ready request for the shared transport.
-
-        Engine calls go to the client's transport directly: the client's auth, redirect,
-        cookie and hook layers cost ~20% of a call's CPU and the router needs none of them.
-        """
-        headers = {REQUEST_ID_HEADER: turn.request_id, "Content-Type": "application/json"}
+    async def _post(
+        self, turn: Turn, replica: Replica, content: bytes, read_timeout_s: float
+    ) -> EngineResponse:
+        """POST the turn's endpoint on ``replica``."""
         url = replica.url + turn.request.endpoint.value
-        request = httpx.Request("POST", url, content=content, headers=headers)
-        timeout = httpx.Timeout(timeout_s, connect=self._config.connect_timeout_s)
-        request.extensions["timeout"] = timeout.as_dict()
-        return request
-
-    async def _send(self, request: httpx.Request) -> httpx.Response:
-        """Send and read a whole response through the shared transport."""
-        response = await self._transport.handle_async_request(request)
-        try:
-            await response.aread()
-        finally:
-            await response.aclose()
-        return response
+        return await self._engines.post(url, content, turn.request_id, read_timeout_s)
 
     def _upstream_failed(self, replica: Replica, kind: str, detail: object, mark: bool) -> None:
         """Count a failed engine call; ``mark`` (refused connections only) takes the replica
@@ -196,7 +151,7 @@ class ProxyService:
             pool = self._prefill if replica.role is self._prefill.role else self._decode
             pool.mark_failed(replica)
 
-    async def _run_prefill(self, turn: _Turn) -> _Prefilled:
+    async def _run_prefill(self, turn: Turn) -> _Prefilled:
         """Prefill with max_tokens=1; retry once on another replica if it fails."""
         params = prefill_params(turn.entry)
         tried: list[Replica] = []
@@ -213,30 +168,31 @@ class ProxyService:
                 payload.pop(name, None)
             started = time.perf_counter()
             try:
-                request = self._request(
-                    turn, replica, _dumps(payload), self._config.prefill_timeout_s
-                )
                 with self._prefill.track(replica):
-                    response = await self._send(request)
-            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
-                self._upstream_failed(replica, "connect", exc, mark=True)
-                failure = upstream_error(503, "Prefill replica unreachable.", "prefill_unreachable")
-                continue
-            except httpx.HTTPError as exc:
-                timed_out = isinstance(exc, httpx.TimeoutException)
-                kind = "timeout" if timed_out else "transport"
-                self._upstream_failed(replica, kind, exc, mark=False)
+                    response = await self._post(
+                        turn, replica, dumps(payload), self._config.prefill_timeout_s
+                    )
+                    content = await response.read()
+            except UpstreamFailure as exc:
+                refused = exc.kind == "connect"
+                self._upstream_failed(replica, exc.kind, exc, mark=refused)
+                if refused:
+                    failure = upstream_error(
+                        503, "Prefill replica unreachable.", "prefill_unreachable"
+                    )
+                    continue
                 turn.entry_spent, params = True, prefill_params(None)
-                failure = upstream_error(504 if timed_out else 502, f"Prefill {kind}.", "prefill")
+                status = 504 if exc.kind == "timeout" else 502
+                failure = upstream_error(status, f"Prefill {exc.kind}.", "prefill")
                 continue
             elapsed = time.perf_counter() - started
-            status = response.status_code
+            status = response.status
             if 400 <= status < 500:
-                raise EngineRejected(status, response.content)
-            data = _json_object(response.content) if status == 200 else None
+                raise EngineRejected(status, content)
+            data = json_object(content) if status == 200 else None
             if data is None:
                 turn.entry_spent, params = True, prefill_params(None)
-                message = engine_message(response.content)
+                message = engine_message(content)
                 self._upstream_failed(replica, f"http_{status}", message, mark=False)
                 failure = upstream_error(502, f"Prefill failed: {message}", "prefill_failed")
                 continue
@@ -266,7 +222,7 @@ class ProxyService:
         self._metrics.prompt_tokens.labels("recomputed").inc(prompt_tokens - reused)
         return prompt_tokens
 
-    async def _run_decode(self, turn: _Turn, prefilled: _Prefilled) -> Response:
+    async def _run_decode(self, turn: Turn, prefilled: _Prefilled) -> ASGIApp:
         previous = turn.start.previous_decode if turn.start else None
         replica, affinity = choose_decode(
             self._decode, previous, self._config.decode_affinity_slack
@@ -281,21 +237,17 @@ class ProxyService:
         body = dict(turn.request.body)
         if prefilled.params is not None:
             body[KV_PARAMS] = prefilled.params
-        replica, response = await self._send_decode(turn, replica, _dumps(body))
-        stream = _DecodeStream(self, turn, replica, response)
-        if turn.request.stream:
-            return StreamingResponse(
-                stream.events(),
-                media_type="text/event-stream",
-                headers={REQUEST_ID_HEADER: turn.request_id},
-                background=BackgroundTask(stream.close),
-            )
-        return await stream.complete()
+        replica, response = await self._send_decode(turn, replica, dumps(body))
+        relay = DecodeRelay(self, turn, replica, response)
+        return relay if turn.request.stream else await relay.complete()
 
     async def _send_decode(
-        self, turn: _Turn, first: Replica | None, content: bytes
-    ) -> tuple[Replica, httpx.Response]:
-        """Open the decode call; fail over once if the chosen replica cannot be reached."""
+        self, turn: Turn, first: Replica | None, content: bytes
+    ) -> tuple[Replica, EngineResponse]:
+        """Open the decode call; fail over once if the chosen replica cannot be reached.
+
+        The 200 response returned keeps its replica's outstanding count until it is released.
+        """
         tried: list[Replica] = []
         replica = first
         failure = upstream_error(503, "No healthy decode replica.", "no_decode_replica")
@@ -303,33 +255,43 @@ class ProxyService:
             if replica is None:
                 break
             tried.append(replica)
-            request = self._request(turn, replica, content, self._config.decode_timeout_s)
-            replica.outstanding += 1
             try:
-                response = await self._transport.handle_async_request(request)
-            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
-                replica.outstanding -= 1
-                self._upstream_failed(replica, "connect", exc, mark=True)
+                response = await self._open_decode(turn, replica, content)
+            except UpstreamFailure as exc:
+                refused = exc.kind == "connect"
+                self._upstream_failed(replica, exc.kind, exc, mark=refused)
+                if not refused:
+                    raise upstream_error(502, "Decode transport error.", "decode") from None
                 failure = upstream_error(503, "Decode replica unreachable.", "decode_unreachable")
                 replica = self._decode.least_outstanding(tried)
                 continue
-            except httpx.HTTPError as exc:
-                replica.outstanding -= 1
-                self._upstream_failed(replica, "transport", exc, mark=False)
-                raise upstream_error(502, "Decode transport error.", "decode") from None
-            if response.status_code == 200:
+            if response.status == 200:
                 return replica, response
-            refusal = await response.aread()
-            await response.aclose()
-            replica.outstanding -= 1
-            if 400 <= response.status_code < 500:
-                raise EngineRejected(response.status_code, refusal)
+            try:
+                refusal = await response.read()
+            except UpstreamFailure as exc:
+                refusal = str(exc).encode()
+            if 400 <= response.status < 500:
+                raise EngineRejected(response.status, refusal)
             message = engine_message(refusal)
-            self._upstream_failed(replica, f"http_{response.status_code}", message, mark=False)
+            self._upstream_failed(replica, f"http_{response.status}", message, mark=False)
             raise upstream_error(502, f"Decode failed: {message}", "decode_failed")
         raise failure
 
-    async def commit(self, turn: _Turn, replica: Replica, params: object) -> None:
+    async def _open_decode(self, turn: Turn, replica: Replica, content: bytes) -> EngineResponse:
+        """POST to decode, counted as outstanding on ``replica`` from now; the count stays
+        only with a 200 response (its relay ends it)."""
+        replica.outstanding += 1
+        opened = False
+        try:
+            response = await self._post(turn, replica, content, self._config.decode_timeout_s)
+            opened = response.status == 200
+            return response
+        finally:
+            if not opened:
+                replica.outstanding -= 1
+
+    async def commit(self, turn: Turn, replica: Replica, params: object) -> None:
         """Remember decode's params for the conversation's next turn."""
         kv = routable(params, replica.host)
         if turn.key is None or turn.start is None or kv is None:
@@ -345,99 +307,16 @@ class ProxyService:
         except Exception as exc:
             self._store_failed("commit", exc)
 
-    def finished(self, turn: _Turn, outcome: str) -> None:
+    def finished(self, turn: Turn, outcome: str) -> None:
         """Count a turn that got past decode's first byte."""
         self._metrics.requests.labels(turn.request.endpoint.value, outcome).inc()
         if outcome == "success":
             self._metrics.e2e_seconds.observe(time.perf_counter() - turn.started)
 
-    def first_byte(self, turn: _Turn) -> None:
+    def first_byte(self, turn: Turn) -> None:
         """Record time to first streamed byte."""
         self._metrics.ttft_seconds.observe(time.perf_counter() - turn.started)
 
     def upstream_failed(self, replica: Replica, kind: str, detail: object) -> None:
         """Count a decode failure after the response started."""
         self._upstream_failed(replica, kind, detail, mark=False)
-
-
-class _DecodeStream:
-    """Relays one decode response and releases it exactly once."""
-
-    def __init__(
-        self, service: ProxyService, turn: _Turn, replica: Replica, response: httpx.Response
-    ) -> None:
-        self._service = service
-        self._turn = turn
-        self._replica = replica
-        self._response = response
-        self._closed = False
-
-    async def close(self) -> None:
-        """Close the upstream response and stop counting it as outstanding."""
-        if not self._closed:
-            self._closed = True
-            self._replica.outstanding -= 1
-            await self._response.aclose()
-
-    async def complete(self) -> Response:
-        """Read the whole (non-streamed) answer, keep its params, return it without them."""
-        try:
-            content = await self._response.aread()
-        except httpx.HTTPError as exc:
-            self._service.upstream_failed(self._replica, "transport", exc)
-            raise upstream_error(502, "Decode transport error.", "decode") from None
-        finally:
-            await self.close()
-        data = _json_object(content)
-        if data is None:
-            self._service.upstream_failed(self._replica, "bad_response", content[:200])
-            raise upstream_error(502, "Decode returned a malformed response.", "decode_failed")
-        await self._service.commit(self._turn, self._replica, data.pop(KV_PARAMS, None))
-        self._service.finished(self._turn, "success")
-        return Response(
-            _dumps(data),
-            media_type="application/json",
-            headers={REQUEST_ID_HEADER: self._turn.request_id},
-        )
-
-    async def events(self) -> AsyncIterator[bytes]:
-        """Forward whole SSE events; take ``kv_transfer_params`` out and keep them."""
-        outcome = "cancelled"
-        pending = b""
-        first = True
-        try:
-            async for chunk in self._response.aiter_bytes():
-                if first:
-                    self._service.first_byte(self._turn)
-                    first = False
-                pending += chunk
-                cut = pending.rfind(b"\n\n")
-                if cut < 0:
-                    continue
-                ready, pending = pending[: cut + 2], pending[cut + 2 :]
-                yield await self._strip(ready) if KV_MARKER in ready else ready
-            if pending:
-                yield await self._strip(pending)
-            outcome = "success"
-        except httpx.HTTPError as exc:
-            outcome = "upstream_error"
-            self._service.upstream_failed(self._replica, "stream", exc)
-            body = error_body("Decode stream broke off.", "upstream_error", code="decode")
-            yield b"data: " + _dumps(body) + b"\n\n"
-        finally:
-            await self.close()
-            self._service.finished(self._turn, outcome)
-
-    async def _strip(self, events: bytes) -> bytes:
-        events, params = strip_from_events(events)
-        if params is not None:
-            await self._service.commit(self._turn, self._replica, params)
-        return events
-
-
-def _json_object(content: bytes) -> dict[str, Any] | None:
-    try:
-        data = json.loads(content)
-    except (ValueError, RecursionError):
-        return None
-    return data if isinstance(data, dict) else None

@@ -1,4 +1,4 @@
-"""HTTP routes: thin wrappers over the proxy service and the router's state."""
+"""FastAPI routes besides generation (``app.RouterApp`` serves those): models, health, metrics."""
 
 from __future__ import annotations
 
@@ -11,27 +11,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from disagg_connector.router.errors import RouterError, error_response, request_id_of
-from disagg_connector.router.openai_request import Endpoint
 
 router = APIRouter()
 
 
 def _json(data: dict[str, Any], status: int = 200) -> Response:
     return Response(json.dumps(data), status_code=status, media_type="application/json")
-
-
-@router.post(Endpoint.CHAT.value)
-async def chat_completions(request: Request) -> Response:
-    """OpenAI chat completions through prefill then decode."""
-    response: Response = await request.app.state.proxy.handle(Endpoint.CHAT, request)
-    return response
-
-
-@router.post(Endpoint.COMPLETIONS.value)
-async def completions(request: Request) -> Response:
-    """OpenAI text completions through prefill then decode."""
-    response: Response = await request.app.state.proxy.handle(Endpoint.COMPLETIONS, request)
-    return response
 
 
 @router.get("/v1/models")

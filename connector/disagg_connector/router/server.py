@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import logging
 import sys
@@ -40,17 +39,11 @@ def configure_logging(log_format: str) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(logging.INFO)
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per health check otherwise
 
 
 def run(config: RouterConfig) -> int:
     """Serve until interrupted; return the exit status."""
     configure_logging(config.log_format)
-    if importlib.util.find_spec("sniffio") is None:
-        logging.getLogger(__name__).warning(
-            "sniffio is not installed: httpcore then retries importing it on every engine "
-            "call (~0.2 ms each); install it (router extra) for the router's full speed"
-        )
     uvicorn.run(
         create_app(config),
         host=config.host,
