@@ -6,7 +6,7 @@ import enum
 import hashlib
 import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 SESSION_HEADER = "X-Session-ID"
@@ -34,8 +34,9 @@ class TurnEntry:
     seq: int
 
     def to_json(self) -> str:
-        """Serialize for a shared store."""
-        return json.dumps(asdict(self), separators=(",", ":"))
+        """Serialize for a store (field by field: ``asdict`` would deep-copy the block ids)."""
+        fields = {name: getattr(self, name) for name in _ENTRY_FIELDS}
+        return json.dumps(fields, separators=(",", ":"))
 
     @classmethod
     def from_json(cls, text: str | bytes) -> TurnEntry:
@@ -52,6 +53,9 @@ class TurnEntry:
     def expired(self, now: float | None = None) -> bool:
         """Whether decode may already have released this KV."""
         return (time.time() if now is None else now) >= self.expires_at
+
+
+_ENTRY_FIELDS = tuple(field.name for field in fields(TurnEntry))
 
 
 @dataclass(frozen=True)
