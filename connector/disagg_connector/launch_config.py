@@ -34,9 +34,13 @@ EXTRA_KEY_TYPES: dict[str, type | tuple[type, ...]] = {
     "backends": list,
     "kv_lease_duration": int,
     "num_threads": int,
-    "enable_cross_layers_blocks": bool,
+    "engine_ttl": (int, float),
+    "enforce_handshake_compat": bool,
 }
-"""``kv_connector_extra_config`` keys vLLM's NIXL connector reads, with their JSON types."""
+"""``kv_connector_extra_config`` keys vLLM's NIXL pull connector reads, with their JSON types.
+
+The same set in vLLM 0.32 and 0.33 (tests/engine/test_vllm_fit.py compares it with vLLM's sources).
+"""
 
 NIXL_BACKENDS = ("UCX", "LIBFABRIC")
 
@@ -94,9 +98,10 @@ def _check_extra(extra: Mapping[str, Any], source: str) -> None:
                 f"{source}: kv_connector_extra_config key {key!r} is not read by vLLM's NIXL "
                 f"connector (known: {', '.join(sorted(EXTRA_KEY_TYPES))}); fix or remove it"
             )
-        wrong_bool = isinstance(value, bool) and expected is int
+        wrong_bool = isinstance(value, bool) and expected is not bool
         if wrong_bool or not isinstance(value, expected):
-            kind = expected.__name__ if isinstance(expected, type) else str(expected)
+            kinds = expected if isinstance(expected, tuple) else (expected,)
+            kind = " or ".join(option.__name__ for option in kinds)
             raise LaunchConfigError(
                 f"{source}: kv_connector_extra_config.{key} must be a JSON {kind}, got {value!r}"
             )

@@ -77,11 +77,20 @@ def test_wrong_kv_role_for_the_role() -> None:
         ({"decoder_kv_blocks_ttl": 0}, "decoder_kv_blocks_ttl must be > 0"),
         ({"kv_recompute_threshold": -1}, "kv_recompute_threshold must be >= 0"),
         ({"backends": ["TCP"]}, "backends entry 'TCP'"),
+        ({"engine_ttl": True}, "engine_ttl must be a JSON int or float"),
+        ({"enable_cross_layers_blocks": True}, "'enable_cross_layers_blocks' is not read"),
     ],
 )
 def test_bad_extra_values(extra: dict[str, Any], message: str) -> None:
     with pytest.raises(LaunchConfigError, match=message):
         check(config(**extra))
+
+
+def test_every_nixl_pull_key_is_accepted() -> None:
+    tuned = config(
+        kv_lease_duration=60, num_threads=8, engine_ttl=1800.5, enforce_handshake_compat=False
+    )
+    assert check(tuned) == tuned
 
 
 @pytest.mark.parametrize("bad", [[], "text", {"kv_role": "kv_producer"}])
