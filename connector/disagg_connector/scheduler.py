@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
+from typing_extensions import override
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl.pull_scheduler import (
     NixlPullConnectorScheduler,
 )
@@ -60,10 +61,12 @@ class DisaggConnectorScheduler(NixlPullConnectorScheduler):
                 self._idle_waiter.timeout_s * 1000,
             )
 
+    @override
     def on_new_request(self, request: Request) -> None:
         self._live_requests.add(request.request_id)
         super().on_new_request(request)
 
+    @override
     def get_num_new_matched_tokens(
         self, request: Request, num_computed_tokens: int
     ) -> tuple[int, bool]:
@@ -96,6 +99,7 @@ class DisaggConnectorScheduler(NixlPullConnectorScheduler):
             plan.rejected_tokens,
         )
 
+    @override
     def update_state_after_alloc(
         self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
     ) -> None:
@@ -110,6 +114,7 @@ class DisaggConnectorScheduler(NixlPullConnectorScheduler):
             )
         super().update_state_after_alloc(request, blocks, num_external_tokens)
 
+    @override
     def request_finished(
         self, request: Request, block_ids: Any
     ) -> tuple[bool, dict[str, Any] | None]:
@@ -128,11 +133,13 @@ class DisaggConnectorScheduler(NixlPullConnectorScheduler):
         params[DIGEST_PARAM_KEY] = digest.to_wire()
         params[EXPIRY_PARAM_KEY] = time.time() + float(self.decoder_kv_blocks_ttl)
 
+    @override
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
         super().update_connector_output(connector_output)
         for req_id in connector_output.finished_sending or ():
             self._retained_requests.discard(req_id)
 
+    @override
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         if (
             self._idle_waiter is not None

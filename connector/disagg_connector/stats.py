@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from typing_extensions import override
 from vllm.config import VllmConfig
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
     KVConnectorStats,
@@ -28,6 +29,7 @@ _REUSE_KEYS = (REUSED_TOKENS, REJECTED_TOKENS)
 class DisaggKVConnectorStats(NixlKVConnectorStats):
     """NIXL transfer stats plus tokens pulled from decode and tokens refused by verification."""
 
+    @override
     def reset(self) -> None:
         super().reset()
         for key in _REUSE_KEYS:
@@ -38,15 +40,18 @@ class DisaggKVConnectorStats(NixlKVConnectorStats):
         self.data[REUSED_TOKENS].append(reused_tokens)
         self.data[REJECTED_TOKENS].append(rejected_tokens)
 
+    @override
     def is_empty(self) -> bool:
         return bool(super().is_empty()) and not any(self.data.get(k) for k in _REUSE_KEYS)
 
+    @override
     def aggregate(self, other: KVConnectorStats) -> KVConnectorStats:
         if not other.is_empty():
             for key, values in other.data.items():
                 self.data.setdefault(key, []).extend(values)
         return self
 
+    @override
     def reduce(self) -> dict[str, int | float]:
         reduced: dict[str, int | float] = super().reduce()
         reduced["Num D->P offers"] = len(self.data.get(REUSED_TOKENS, []))
@@ -87,6 +92,7 @@ class DisaggPromMetrics(NixlPromMetrics):
             ),
         }
 
+    @override
     def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:
         super().observe(transfer_stats_data, engine_idx)
         for key, counter in self.reuse_counters.items():

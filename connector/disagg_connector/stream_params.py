@@ -24,7 +24,7 @@ NATIVE_STREAM_PARAMS_VERSION = (0, 33)
 """First vLLM release that streams ``kv_transfer_params`` on the final chunk itself."""
 
 _DONE = "data: [DONE]"
-_TARGETS = (
+PATCHED_GENERATORS = (
     (
         "vllm.entrypoints.openai.chat_completion.serving",
         "OpenAIServingChat",
@@ -36,6 +36,7 @@ _TARGETS = (
         "completion_stream_generator",
     ),
 )
+"""(module, class, method) of the stream generators the plugin wraps on older vLLM."""
 _PATCHED_MARK = "__disagg_stream_params__"
 
 
@@ -130,7 +131,7 @@ def register() -> None:
     if multiprocessing.current_process().name != "MainProcess":
         return
 
-    for module_name, class_name, method_name in _TARGETS:
+    for module_name, class_name, method_name in PATCHED_GENERATORS:
         owner = getattr(importlib.import_module(module_name), class_name)
         method = getattr(owner, method_name)
         if not getattr(method, _PATCHED_MARK, False):
