@@ -7,11 +7,13 @@ import logging
 import subprocess
 import sys
 import time
+from typing import Any
 
 import pytest
 from disagg_connector.router.config import ConfigError, DiscoveryKind, RouterConfig, require
 from disagg_connector.router.conversation import TurnEntry
 from disagg_connector.router.discovery.kubernetes import _SliceState, slice_urls
+from disagg_connector.router.engine_body import EngineBodies
 from disagg_connector.router.kv_params import prefill_params, routable, strip_from_events
 from disagg_connector.router.replicas import ReplicaPool, Role
 from disagg_connector.router.selection import Affinity, choose_decode, choose_prefill
@@ -179,6 +181,34 @@ def test_strip_from_events_removes_and_returns_params() -> None:
     assert b"kv_transfer_params" not in stripped
     assert stripped.startswith(plain) and stripped.endswith(b"data: [DONE]\n\n")
     assert strip_from_events(plain) == (plain, None)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+        {
+            "messages": [{"role": "user", "content": "é"}],
+            "stream": True,
+            "max_tokens": 9,
+            "max_completion_tokens": 8,
+            "min_tokens": 2,
+            "stream_options": {"include_usage": True},
+            "temperature": 0,
+        },
+        {"stream": False},
+        {},
+    ],
+)
+def test_engine_bodies_are_the_client_body_with_each_calls_members(body: dict[str, Any]) -> None:
+    bodies = EngineBodies(body)
+    params = {"do_remote_decode": True}
+    dropped = ("max_completion_tokens", "min_tokens", "stream_options")
+    prefill = {k: v for k, v in body.items() if k not in dropped}
+    prefill.update(stream=False, max_tokens=1, kv_transfer_params=params)
+    assert json.loads(bodies.prefill(params)) == prefill
+    assert json.loads(bodies.decode(None)) == body
+    assert json.loads(bodies.decode(params)) == {**body, "kv_transfer_params": params}
 
 
 def endpoint_slice(

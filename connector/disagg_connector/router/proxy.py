@@ -10,7 +10,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.types import ASGIApp
 
-from disagg_connector.router.codec import dumps, json_object
+from disagg_connector.router.codec import json_object
 from disagg_connector.router.config import DECODE_EXPIRY_MARGIN_S, RouterConfig
 from disagg_connector.router.conversation import (
     SESSION_HEADER,
@@ -19,6 +19,7 @@ from disagg_connector.router.conversation import (
     bearer_token,
     conversation_key,
 )
+from disagg_connector.router.engine_body import EngineBodies
 from disagg_connector.router.errors import (
     EngineRejected,
     RouterError,
@@ -39,8 +40,6 @@ from disagg_connector.router.turn import Turn
 from disagg_connector.router.upstream import EngineClient, EngineResponse, UpstreamFailure
 
 log = logging.getLogger("disagg.router")
-
-_PREFILL_DROPPED = ("max_completion_tokens", "min_tokens", "stream_options")
 
 
 @dataclass(frozen=True)
@@ -80,7 +79,7 @@ class ProxyService:
             parsed = parse_request(
                 endpoint, raw, request.headers.get(SESSION_HEADER), self._health.model_ids
             )
-            turn = Turn(parsed, request_id, time.perf_counter())
+            turn = Turn(parsed, EngineBodies(parsed.body), request_id, time.perf_counter())
             if not self._decode.healthy():
                 raise upstream_error(503, "No healthy decode replica.", "no_decode_replica")
             await self._begin(turn, bearer_token(request.headers.get("authorization")))
@@ -163,14 +162,11 @@ class ProxyService:
             if attempt:
                 self._metrics.prefill_retries.inc()
             tried.append(replica)
-            payload = {**turn.request.body, "stream": False, "max_tokens": 1, KV_PARAMS: params}
-            for name in _PREFILL_DROPPED:
-                payload.pop(name, None)
             started = time.perf_counter()
             try:
                 with self._prefill.track(replica):
                     response = await self._post(
-                        turn, replica, dumps(payload), self._config.prefill_timeout_s
+                        turn, replica, turn.bodies.prefill(params), self._config.prefill_timeout_s
                     )
                     content = await response.read()
             except UpstreamFailure as exc:
@@ -234,10 +230,8 @@ class ProxyService:
                 saved = min(retained, prefilled.prompt_tokens)
                 self._metrics.pd_saved_tokens.inc(saved)
                 self._metrics.pd_saved_bytes.inc(saved * self._config.kv_bytes_per_token)
-        body = dict(turn.request.body)
-        if prefilled.params is not None:
-            body[KV_PARAMS] = prefilled.params
-        replica, response = await self._send_decode(turn, replica, dumps(body))
+        body = turn.bodies.decode(prefilled.params)
+        replica, response = await self._send_decode(turn, replica, body)
         relay = DecodeRelay(self, turn, replica, response)
         return relay if turn.request.stream else await relay.complete()
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from disagg_connector.router.conversation import Lookup, TurnEntry, TurnStart
+from disagg_connector.router.engine_body import EngineBodies
 from disagg_connector.router.openai_request import ClientRequest
 
 
@@ -14,6 +15,7 @@ class Turn:
     prefill consumed that entry (an unconsumed entry goes back to the store on failure)."""
 
     request: ClientRequest
+    bodies: EngineBodies
     request_id: str
     started: float
     key: str | None = None
