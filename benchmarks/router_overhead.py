@@ -32,6 +32,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -239,7 +240,9 @@ def main() -> None:
         "engines": "engine stand-ins (tests/unit/engine_standin.py), not vLLM",
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
         "server_stack": {
-            name: importlib.util.find_spec(name) is not None for name in ("uvloop", "httptools")
+            "uvloop": importlib.util.find_spec("uvloop") is not None,
+            "httptools": importlib.util.find_spec("httptools") is not None,
+            "engine_client": f"aiohttp {version('aiohttp')}",
         },
         "settings": {
             "tokens": args.tokens,
