@@ -266,3 +266,32 @@ def test_decode_stream_breaking_off_ends_with_an_error_event(
         engine.state.break_stream_after = None
     assert turn(client).status_code == 200
     assert lookups(client, "miss") == 2, "the broken turn stored nothing"
+
+
+@pytest.mark.parametrize(
+    "rig", [{"prefill_timeout_s": 0.3, "decode_timeout_s": 0.3}], indirect=True, ids=["read-0.3s"]
+)
+def test_engine_timeouts_bound_each_read_not_the_whole_answer(
+    rig: RouterRig, client: httpx.Client
+) -> None:
+    for engine in rig.prefill:
+        engine.state.delay_s = 1.0
+    response = turn(client)
+    assert response.status_code == 504 and response.json()["error"]["code"] == "prefill"
+    for engine in rig.prefill:
+        labels = {"role": "prefill", "replica": engine.url, "kind": "timeout"}
+        assert metric(client, "disagg_router_upstream_errors_total", **labels) == 1
+        engine.state.delay_s = 0
+    state = rig.routers[0].app_state()
+    assert all(r.healthy for r in state.prefill.members()), "a slow answer is no refusal"
+    for engine in rig.decode:
+        engine.state.token_delay_s = 0.1
+    slow = turn(client, stream=True, max_tokens=6)
+    assert slow.status_code == 200 and '"error"' not in slow.text, "0.6 s in 0.1 s steps"
+    for engine in rig.decode:
+        engine.state.token_delay_s = 1.0
+    stalled = turn(client, stream=True, max_tokens=2)
+    last = stalled.text.strip().split("\n\n")[-1]
+    assert last.startswith("data: ") and '"error"' in last
+    for engine in rig.decode:
+        engine.state.token_delay_s = 0
