@@ -13,21 +13,36 @@ from disagg_connector.vllm_facts import kv_transfer_config_keys, vllm_package_di
 from disagg_connector.vllm_version import installed_vllm_version
 
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+KV_CONFIG_FLAG = "--kv-transfer-config"
+
+
+def names_kv_config(arg: str) -> bool:
+    """Whether vLLM's parser may read ``arg`` as ``--kv-transfer-config``.
+
+    It reads ``_`` as ``-``, ``--flag=value``, dotted keys (``--kv-transfer-config.kv_role x``,
+    which replaces the whole config, the appended one included) and unique prefixes
+    (``--kv-transfer x``); every such spelling counts.
+    """
+    if not arg.startswith("--"):
+        return False
+    name = arg[2:].split("=", 1)[0].split(".", 1)[0].replace("_", "-")
+    return bool(name) and KV_CONFIG_FLAG[2:].startswith(name)
 
 
 def vllm_command(vllm_args: Sequence[str], config: dict[str, object]) -> list[str]:
     """The vLLM OpenAI server command line with the connector config appended."""
     for arg in vllm_args:
-        if arg.split("=", 1)[0] in ("--kv-transfer-config", "--kv_transfer_config"):
+        if names_kv_config(arg):
             raise LaunchConfigError(
-                "pass the connector config with --config, not --kv-transfer-config after '--'"
+                f"pass the connector config with --config, not {arg.split('=', 1)[0]} after "
+                f"'--' (vLLM reads it as {KV_CONFIG_FLAG})"
             )
     return [
         sys.executable,
         "-m",
         API_SERVER_MODULE,
         *vllm_args,
-        "--kv-transfer-config",
+        KV_CONFIG_FLAG,
         json.dumps(config, separators=(",", ":")),
     ]
 

@@ -120,8 +120,29 @@ def test_command_appends_the_config_and_refuses_a_second_one() -> None:
     command = vllm_command(["--model", "m"], cfg)
     assert command[1:5] == ["-m", "vllm.entrypoints.openai.api_server", "--model", "m"]
     assert json.loads(command[-1]) == cfg
-    with pytest.raises(LaunchConfigError, match="not --kv-transfer-config"):
+    with pytest.raises(LaunchConfigError, match="not --kv-transfer-config after"):
         vllm_command(["--kv-transfer-config={}"], cfg)
+
+
+@pytest.mark.parametrize(
+    "arg",
+    [
+        "--kv-transfer-config",
+        "--kv_transfer_config={}",
+        "--kv-transfer-config.kv_role",
+        "--kv_transfer_config.kv_role=kv_both",
+        "--kv-transfer",
+        "--kv-t",
+    ],
+)
+def test_command_refuses_every_spelling_vllm_reads_as_the_config(arg: str) -> None:
+    with pytest.raises(LaunchConfigError, match="vLLM reads it as --kv-transfer-config"):
+        vllm_command(["--model", "m", arg, "{}"], config())
+
+
+@pytest.mark.parametrize("arg", ["--kv-cache-dtype", "--kv-transfer-configs", "--", "-kv"])
+def test_command_passes_other_flags(arg: str) -> None:
+    assert arg in vllm_command([arg, "x"], config())
 
 
 def test_accepted_keys_are_read_from_vllm_source(tmp_path: Path) -> None:
