@@ -1,8 +1,9 @@
 """ASGI app wiring: generation requests go straight to the proxy, FastAPI serves the rest.
 
-The two generation endpoints skip FastAPI's routing and middleware stack (a fifth of the
-router's CPU per turn); the lifespan, which owns the engine client and the router's parts,
-and every other route stay with FastAPI.
+The two generation endpoints skip FastAPI's routing and middleware stack and Starlette's
+streaming response (together about 0.2 ms of CPU per streamed turn on a 2-core test box); the
+lifespan, which owns the engine client and the router's parts, and every other route stay
+with FastAPI.
 """
 
 from __future__ import annotations

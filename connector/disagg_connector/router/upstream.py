@@ -1,8 +1,9 @@
 """Engine calls over one pooled aiohttp session, with failures reduced to three kinds.
 
-aiohttp costs about a third of httpx's CPU per call (its HTTP parser is compiled), which is
-most of what the router spends per turn. Idle engine connections expire before vLLM's (uvicorn's)
-5 s keep-alive timeout, so a request never races the engine closing its connection.
+aiohttp (its HTTP parser is compiled) spends 0.6 ms of CPU on a prefill call plus a streamed
+decode call where httpx spent 1.6 ms, which was half of the router's CPU per turn. Idle engine
+connections expire before vLLM's (uvicorn's) 5 s keep-alive timeout, so a request never races
+the engine closing its connection.
 """
 
 from __future__ import annotations
