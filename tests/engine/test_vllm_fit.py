@@ -4,8 +4,11 @@ No engine runs here. The serving image ships a CUDA build of vLLM (connector/Doc
 ``VLLM_IMAGE`` tag) that cannot run on this machine; ``setup_serving_vllm.sh`` unpacks that
 release's Python sources, and ``vllm_fit.py`` imports the connector with them first on the path
 (beside the engine venv's torch and other packages) and compares it with vLLM's classes and
-sources. The same check runs against the engine venv's vLLM, which the other engine tests run.
-Below it, the check is shown to catch each kind of fault on purpose-built broken subclasses.
+sources. It also parses every example's rendered server command with that vLLM's own server
+argument parser (``vllm_cli_fit.py``; vLLM's CPU platform stands in for the GPU it lacks). The
+same checks run against the engine venv's vLLM, which the other engine tests run. Below them,
+the checks are shown to catch each kind of fault: purpose-built broken subclasses, bogus,
+abbreviated and deprecated flags, a config that does not survive parsing, a lax launcher.
 """
 
 from __future__ import annotations
@@ -21,14 +24,24 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from disagg_connector.launcher import API_SERVER_MODULE
 from rig import CACHE, ENGINE_VENV
 from typing_extensions import override
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl.connector import NixlPullConnector
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl.pull_scheduler import (
     NixlPullConnectorScheduler,
 )
+from vllm.utils.argparse_utils import FlexibleArgumentParser
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.request import Request
+from vllm_cli_fit import (
+    PLATFORM_ENV,
+    ServeParser,
+    command_problems,
+    refusal_problems,
+    rendered_servers,
+    serve_parser,
+)
 from vllm_fit import class_problems, read_keys
 
 pytestmark = pytest.mark.engine
@@ -46,7 +59,7 @@ def serving_vllm_version() -> str:
 
 def fit_report(tmp_path: Path, pythonpath: Path | None) -> dict[str, Any]:
     """Run vllm_fit.py in the engine venv, with ``pythonpath`` ahead of its vLLM if given."""
-    env = dict(os.environ)
+    env = {**os.environ, **PLATFORM_ENV}
     if pythonpath is not None:
         env["PYTHONPATH"] = str(pythonpath)
     out = tmp_path / "fit.json"
@@ -129,3 +142,55 @@ def test_check_catches_each_kind_of_fault() -> None:
 def test_params_keys_read_by_subscript_and_get() -> None:
     tree = ast.parse('params["remote_num_tokens"]; params.get("do_remote_decode"); f(x="k")')
     assert read_keys(tree) == {"remote_num_tokens", "do_remote_decode"}
+
+
+def test_every_example_server_is_checked() -> None:
+    servers = {(server.where.split()[0], server.role) for server in rendered_servers()}
+    examples = {path.name for path in (HERE.parents[1] / "examples").glob("*.yaml")}
+    assert servers == {(name, role) for name in examples for role in ("prefill", "decode")}
+
+
+def test_cli_check_names_a_flag_vllm_rejects() -> None:
+    serve = serve_parser()
+    problems = command_problems(serve, ["--model", "m", "--bogus-flag"])
+    assert problems == [
+        f"--bogus-flag is not an option of vLLM {serve.version} (argparse would read it as an "
+        "abbreviation of another flag, or refuse it)",
+        f"vLLM {serve.version} rejects the command line: {API_SERVER_MODULE}: error: "
+        "unrecognized arguments: --bogus-flag",
+    ]
+
+
+def test_cli_check_names_a_flag_vllm_takes_only_as_an_abbreviation() -> None:
+    serve = serve_parser()
+    assert command_problems(serve, ["--model", "m", "--max-model", "64"]) == [
+        f"--max-model is not an option of vLLM {serve.version} (argparse would read it as an "
+        "abbreviation of another flag, or refuse it)"
+    ]
+
+
+def test_cli_check_names_a_deprecated_flag() -> None:
+    parser = FlexibleArgumentParser()
+    parser.add_argument("--old-flag", type=int, deprecated=True)
+    serve = ServeParser(parser, lambda namespace: None, "x")
+    assert command_problems(serve, ["--old-flag", "1"]) == ["--old-flag is deprecated in vLLM x"]
+
+
+def test_cli_check_compares_the_config_vllm_ends_with() -> None:
+    serve = serve_parser()
+    config = {"kv_connector": "NixlConnector", "kv_role": "kv_producer"}
+    args = ["--model", "m", "--kv-transfer-config.kv_role", "kv_both"]
+    assert command_problems(serve, [*args, "--kv-transfer-config", json.dumps(config)], config) == [
+        f"vLLM {serve.version} reads kv_transfer_config.kv_connector as None",
+        f"vLLM {serve.version} reads kv_transfer_config.kv_role as 'kv_both'",
+    ]
+
+
+def test_cli_check_names_config_spellings_a_launcher_lets_through() -> None:
+    serve = serve_parser()
+    problems = refusal_problems(serve, refuses=lambda args: args[0] == "--kv-transfer-config")
+    flagged = {problem.split("`")[1] for problem in problems}
+    assert {"--kv-transfer-config.kv_role kv_both", '--kv-transfer {"kv_role": "kv_both"}'} <= (
+        flagged
+    )
+    assert not any(spelling.startswith("--kv-transfer-config ") for spelling in flagged)

@@ -9,8 +9,8 @@ sets nothing it does not set itself; the ``kv_connector_extra_config`` keys the 
 are the ones the NIXL pull connector reads; the ``kv_transfer_params`` keys the connector reads
 are ones vLLM's pull scheduler publishes; vLLM streams ``kv_transfer_params`` itself exactly
 when the stream plugin stands down; the engine's input queue exists before the scheduler is
-built (idle wait); the launcher's API server module runs as a script and every example's
-rendered connector config passes ``disagg serve``'s checks here.
+built (idle wait); and :mod:`vllm_cli_fit`'s checks of every example's rendered server command
+against vLLM's own argument parser (run with :data:`vllm_cli_fit.PLATFORM_ENV` set).
 
 ``python vllm_fit.py REPORT`` writes ``{"vllm": <version>, "problems": [...]}`` as JSON to REPORT
 (vLLM logs to stdout).
@@ -25,7 +25,6 @@ import importlib.util
 import inspect
 import json
 import sys
-import tempfile
 import textwrap
 import types
 import typing
@@ -33,7 +32,8 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[2]
+from vllm_cli_fit import cli_problems, unimported_module_tree
+
 CONNECTOR_MODULES = (
     "disagg_connector.connector",
     "disagg_connector.scheduler",
@@ -313,7 +313,11 @@ def published_keys(tree: ast.AST) -> set[str]:
         ):
             keys |= {keyword.arg for keyword in node.keywords if keyword.arg}
         elif isinstance(node, ast.Dict):
-            keys |= {key.value for key in node.keys if isinstance(key, ast.Constant)}
+            keys |= {
+                key.value
+                for key in node.keys
+                if isinstance(key, ast.Constant) and isinstance(key.value, str)
+            }
     return keys
 
 
@@ -344,18 +348,6 @@ def params_key_problems() -> list[str]:
         for key in sorted(used - published)
         if key.startswith(PARAMS_KEY_PREFIXES)
     ]
-
-
-def unimported_module_tree(module_name: str) -> ast.Module:
-    """A module's parsed source file, found without importing the module itself.
-
-    vLLM 0.33's serving modules import packages (orjson) that the engine venv, built for vLLM
-    0.32, lacks; their sources are read instead.
-    """
-    spec = importlib.util.find_spec(module_name)
-    if spec is None or spec.origin is None:
-        raise LookupError(f"module {module_name} is gone")
-    return ast.parse(Path(spec.origin).read_text())
 
 
 def class_definition(module_name: str, class_name: str) -> ast.ClassDef:
@@ -428,37 +420,6 @@ def idle_wait_problems() -> list[str]:
     ]
 
 
-def launcher_problems() -> list[str]:
-    """``disagg serve`` in this vLLM: its server module and every example's configs."""
-    import yaml
-    from disagg_connector.launch_config import LaunchConfigError, Role
-    from disagg_connector.launcher import API_SERVER_MODULE, prepare
-    from disagg_operator.connector_config import config_map_data
-    from disagg_operator.models import DisaggregatedModelSpec
-
-    problems = []
-    main_blocks = [
-        node
-        for node in unimported_module_tree(API_SERVER_MODULE).body
-        if isinstance(node, ast.If) and ast.unparse(node.test) == "__name__ == '__main__'"
-    ]
-    if not main_blocks:
-        problems.append(f"python -m {API_SERVER_MODULE} no longer starts a server")
-    with tempfile.TemporaryDirectory() as scratch:
-        for example in sorted((REPO / "examples").glob("*.yaml")):
-            spec = DisaggregatedModelSpec.model_validate(
-                yaml.safe_load(example.read_text())["spec"]
-            )
-            for role in Role:
-                path = Path(scratch) / f"{role}.json"
-                path.write_text(config_map_data(spec)[f"{role}.json"])
-                try:
-                    prepare(role, path, ["--model", "m"])
-                except LaunchConfigError as exc:
-                    problems.append(f"{example.name} {role}: {exc}")
-    return problems
-
-
 def report() -> dict[str, Any]:
     """Run every check; import failures stop the checks that need the module."""
     from disagg_connector.vllm_version import installed_vllm_version
@@ -479,7 +440,7 @@ def report() -> dict[str, Any]:
     problems += params_key_problems()
     problems += stream_problems(version)
     problems += idle_wait_problems()
-    problems += launcher_problems()
+    problems += cli_problems()
     return {"vllm": version, "problems": problems}
 
 

@@ -1,0 +1,330 @@
+"""The vLLM server's own argument parser against the command lines ``disagg serve`` execs.
+
+Every example is rendered by the operator. Each StatefulSet's container command
+(``disagg serve --role R --config F -- <vLLM args>``) is read with ``disagg``'s own parser, its
+config is taken from the rendered ConfigMap mounted at ``F``, and the launcher's ``prepare``
+builds the server command from both (appending ``--kv-transfer-config``). Those vLLM arguments
+are parsed by the parser the launcher's server module builds (found by following its
+``__main__`` block into its ``main``, so it is the parser that runs) and validated as that
+``main`` does. Each flag must be one of the parser's own option strings (an abbreviation that
+argparse takes today becomes an error or another flag once vLLM adds a flag) and not
+deprecated, and the config vLLM ends with must be the rendered one. The launcher's refusal of
+``--kv-transfer-config`` after ``--`` is checked against every spelling the parser routes there.
+
+Platform: building the parser builds default configs, and ``DeviceConfig`` wants a platform
+with a device type; the serving image's CUDA build finds no GPU here ("Failed to infer device
+type"). :data:`PLATFORM_ENV` selects vLLM's CPU platform with vLLM's own switch for running an
+accelerator wheel on a CPU host. The parser then differs from the GPU one only where the platform
+enters it: ``--mm-processor-device`` also offers ``cuda`` on GPU (this parser is stricter, never
+laxer), and ``pre_register_and_update`` is the base no-op on both the CUDA and CPU platforms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import contextlib
+import functools
+import importlib
+import importlib.util
+import io
+import json
+import re
+import tempfile
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+PLATFORM_ENV = {"VLLM_TARGET_DEVICE": "cpu"}
+"""Set before vLLM is imported: its CPU platform, so the CUDA build's parser can be built here."""
+PARSER_NAMES = ("FlexibleArgumentParser", "make_arg_parser", "validate_parsed_serve_args")
+"""What the server's ``main`` imports to build its parser and check the parsed arguments."""
+OTHER_KV_ROLE = ("kv_role", "kv_both")
+"""A key and value a user could try to pass to ``--kv-transfer-config`` after ``--``."""
+
+
+class Rejected(Exception):
+    """vLLM's parser or its post-parse check refused a command line (vLLM's message)."""
+
+
+def unimported_module_tree(module_name: str) -> ast.Module:
+    """A module's parsed source file, found without importing the module itself.
+
+    vLLM 0.33's serving modules import packages (orjson) that the engine venv, built for vLLM
+    0.32, lacks; their sources are read instead.
+    """
+    spec = importlib.util.find_spec(module_name)
+    if spec is None or spec.origin is None:
+        raise LookupError(f"module {module_name} is gone")
+    return ast.parse(Path(spec.origin).read_text())
+
+
+def imported_names(nodes: Iterable[ast.AST], module_name: str) -> dict[str, str]:
+    """The absolute module of each name ``from ... import``-ed under ``nodes`` of a module."""
+    spec = importlib.util.find_spec(module_name)
+    package = spec.parent if spec is not None else ""
+    return {
+        alias.asname or alias.name: importlib.util.resolve_name(
+            "." * node.level + (node.module or ""), package
+        )
+        for top in nodes
+        for node in ast.walk(top)
+        if isinstance(node, ast.ImportFrom)
+        for alias in node.names
+    }
+
+
+def server_parser_modules() -> dict[str, str]:
+    """Where the launcher's server module, run as a script, imports its parser's parts from."""
+    from disagg_connector.launcher import API_SERVER_MODULE
+
+    main_blocks = [
+        node
+        for node in unimported_module_tree(API_SERVER_MODULE).body
+        if isinstance(node, ast.If) and ast.unparse(node.test) == "__name__ == '__main__'"
+    ]
+    entry = imported_names(main_blocks, API_SERVER_MODULE)
+    if "main" not in entry:
+        raise LookupError(f"python -m {API_SERVER_MODULE} no longer runs an imported main()")
+    mains = [
+        node
+        for node in unimported_module_tree(entry["main"]).body
+        if isinstance(node, ast.FunctionDef) and node.name == "main"
+    ]
+    names = imported_names(mains, entry["main"])
+    missing = [name for name in PARSER_NAMES if name not in names]
+    if missing:
+        raise LookupError(f"{entry['main']}.main no longer imports {', '.join(missing)}")
+    return {name: names[name] for name in PARSER_NAMES}
+
+
+@dataclass(frozen=True)
+class ServeParser:
+    """The vLLM server's argument parser and the check its ``main`` runs after parsing."""
+
+    parser: argparse.ArgumentParser
+    validate: Callable[[argparse.Namespace], None]
+    version: str
+
+    def parse(self, args: Sequence[str]) -> argparse.Namespace:
+        """Parse and validate ``args`` as the server's ``main`` does; :class:`Rejected` if not."""
+        stderr = io.StringIO()
+        try:
+            with contextlib.redirect_stderr(stderr):
+                namespace = self.parser.parse_args(list(args))
+                self.validate(namespace)
+        except SystemExit:
+            raise Rejected(stderr.getvalue().strip().splitlines()[-1]) from None
+        except (ValueError, TypeError, KeyError) as exc:
+            raise Rejected(str(exc)) from None
+        return namespace
+
+    def option(self, flag: str) -> argparse.Action | None:
+        """The action ``flag`` names exactly (no abbreviation), if any."""
+        return self.parser._option_string_actions.get(flag)
+
+    def deprecated(self, action: argparse.Action) -> bool:
+        """Whether vLLM marks ``action`` deprecated (it warns when it is used)."""
+        return action in getattr(self.parser, "_deprecated", ())
+
+
+@functools.cache
+def serve_parser() -> ServeParser:
+    """The parser the launcher's server module builds, in the vLLM this interpreter imports."""
+    from disagg_connector.launcher import API_SERVER_MODULE
+    from disagg_connector.vllm_version import installed_vllm_version
+    from vllm.platforms import current_platform
+
+    if not current_platform.device_type:
+        raise RuntimeError(f"vLLM found no platform to build its parser on: set {PLATFORM_ENV}")
+    parts = {
+        name: getattr(importlib.import_module(module), name)
+        for name, module in server_parser_modules().items()
+    }
+    parser = parts["make_arg_parser"](parts["FlexibleArgumentParser"](prog=API_SERVER_MODULE))
+    return ServeParser(parser, parts["validate_parsed_serve_args"], installed_vllm_version() or "")
+
+
+def flag_name(arg: str) -> str | None:
+    """The option ``arg`` names as vLLM's parser reads it (``--a_b.c=v`` -> ``--a-b``).
+
+    None for values (negative numbers included).
+    """
+    if not arg.startswith("-") or re.fullmatch(r"-\d.*", arg):
+        return None
+    name = arg.split("=", 1)[0]
+    if not name.startswith("--"):
+        return name
+    return "--" + name[2:].split(".", 1)[0].replace("_", "-")
+
+
+def flag_problems(serve: ServeParser, args: Sequence[str]) -> list[str]:
+    """Flags in ``args`` that are not exactly vLLM's own options, or that vLLM deprecates."""
+    problems = []
+    for name in filter(None, map(flag_name, args)):
+        action = serve.option(name)
+        if action is None:
+            problems.append(
+                f"{name} is not an option of vLLM {serve.version} (argparse would read it as an "
+                "abbreviation of another flag, or refuse it)"
+            )
+        elif serve.deprecated(action):
+            problems.append(f"{name} is deprecated in vLLM {serve.version}")
+    return problems
+
+
+def command_problems(
+    serve: ServeParser, args: Sequence[str], config: Mapping[str, Any] | None = None
+) -> list[str]:
+    """``args`` as the server reads them: vLLM's own flags, accepted, ending with ``config``."""
+    problems = flag_problems(serve, args)
+    try:
+        namespace = serve.parse(args)
+    except Rejected as exc:
+        return [*problems, f"vLLM {serve.version} rejects the command line: {exc}"]
+    for key, value in (config or {}).items():
+        read = getattr(namespace.kv_transfer_config, key, None)
+        if read != value:
+            problems.append(f"vLLM {serve.version} reads kv_transfer_config.{key} as {read!r}")
+    return problems
+
+
+@dataclass(frozen=True)
+class RenderedServer:
+    """One prefill or decode container of an example, as the operator renders it."""
+
+    where: str
+    role: str
+    vllm_args: list[str]
+    config: str
+    """The rendered ConfigMap entry mounted where ``--config`` points."""
+
+
+def mounted_file(pod: Mapping[str, Any], container: Mapping[str, Any], path: Path) -> str:
+    """The ConfigMap name and key that ``path`` in ``container`` comes from, as ``name/key``."""
+    mounts = {mount["mountPath"]: mount["name"] for mount in container["volumeMounts"]}
+    volumes = {volume["name"]: volume for volume in pod["volumes"]}
+    config_map = volumes[mounts[str(path.parent)]]["configMap"]["name"]
+    return f"{config_map}/{path.name}"
+
+
+def rendered_servers() -> Iterator[RenderedServer]:
+    """Every serving container of every example in examples/."""
+    from disagg_operator.cli import build_parser
+    from disagg_operator.loading import load_file
+    from disagg_operator.render import render
+
+    disagg = build_parser()
+    for example in sorted((REPO / "examples").glob("*.yaml")):
+        for model in load_file(example):
+            manifests = render(model.metadata.name, "default", model.spec)
+            files = {
+                f"{manifest['metadata']['name']}/{key}": text
+                for manifest in manifests
+                if manifest["kind"] == "ConfigMap"
+                for key, text in manifest["data"].items()
+            }
+            for manifest in manifests:
+                if manifest["kind"] != "StatefulSet":
+                    continue
+                pod = manifest["spec"]["template"]["spec"]
+                for container in pod["containers"]:
+                    command = [*container.get("command", []), *container.get("args", [])]
+                    serve = disagg.parse_args(command[1:])
+                    yield RenderedServer(
+                        where=f"{example.name} {manifest['metadata']['name']}",
+                        role=serve.role,
+                        vllm_args=command[command.index("--") + 1 :],
+                        config=files[mounted_file(pod, container, serve.config)],
+                    )
+
+
+def rendered_command_problems(serve: ServeParser) -> list[str]:
+    """Every example's servers: ``disagg serve``'s checks, then vLLM's parser on what it execs."""
+    from disagg_connector.launch_config import LaunchConfigError, Role
+    from disagg_connector.launcher import prepare
+
+    problems = []
+    with tempfile.TemporaryDirectory() as scratch:
+        for server in rendered_servers():
+            path = Path(scratch) / f"{server.role}.json"
+            path.write_text(server.config)
+            try:
+                command, _ = prepare(Role(server.role), path, server.vllm_args)
+            except LaunchConfigError as exc:
+                problems.append(f"{server.where}: {exc}")
+                continue
+            problems += [
+                f"{server.where}: {problem}"
+                for problem in command_problems(serve, command[3:], json.loads(server.config))
+            ]
+    return problems
+
+
+def launcher_refuses(vllm_args: Sequence[str]) -> bool:
+    """Whether ``disagg serve`` refuses ``vllm_args`` after ``--``."""
+    from disagg_connector.launch_config import LaunchConfigError
+    from disagg_connector.launcher import vllm_command
+
+    try:
+        vllm_command(vllm_args, {})
+    except LaunchConfigError:
+        return True
+    return False
+
+
+def kv_config_spellings(serve: ServeParser) -> list[list[str]]:
+    """Arguments vLLM's parser reads into the launcher's config flag's destination.
+
+    Candidates: each of its option strings, with underscores, with ``=``, as a dotted key, and
+    each prefix (argparse abbreviations); kept where vLLM really sets the config from them.
+    """
+    from disagg_connector.launcher import KV_CONFIG_FLAG
+
+    action = serve.option(KV_CONFIG_FLAG)
+    if action is None:
+        return []
+    key, value = OTHER_KV_ROLE
+    candidates: list[list[str]] = []
+    for option in action.option_strings:
+        underscored = "--" + option[2:].replace("-", "_")
+        candidates += [
+            [option, json.dumps({key: value})],
+            [underscored, json.dumps({key: value})],
+            [f"{option}={json.dumps({key: value})}"],
+            [f"{option}.{key}", value],
+            [f"{underscored}.{key}={value}"],
+        ]
+        candidates += [[option[:end], json.dumps({key: value})] for end in range(3, len(option))]
+    spellings = []
+    for args in candidates:
+        with contextlib.suppress(Rejected):
+            config = serve.parse(["--model", "m", *args]).kv_transfer_config
+            if getattr(config, key, None) == value:
+                spellings.append(args)
+    return spellings
+
+
+def refusal_problems(
+    serve: ServeParser, refuses: Callable[[Sequence[str]], bool] = launcher_refuses
+) -> list[str]:
+    """Spellings of the connector config flag that vLLM reads and ``refuses`` lets through."""
+    from disagg_connector.launcher import KV_CONFIG_FLAG
+
+    spellings = kv_config_spellings(serve)
+    if not spellings:
+        return [f"the launcher's {KV_CONFIG_FLAG} is not an option of vLLM {serve.version}"]
+    return [
+        f"vLLM {serve.version} reads `{' '.join(args)}` as {KV_CONFIG_FLAG}; the launcher lets "
+        "it through after '--'"
+        for args in spellings
+        if not refuses(args)
+    ]
+
+
+def cli_problems() -> list[str]:
+    """Every command-line check against the vLLM this interpreter imports."""
+    serve = serve_parser()
+    return rendered_command_problems(serve) + refusal_problems(serve)
