@@ -183,6 +183,28 @@ def test_strip_from_events_removes_and_returns_params() -> None:
     assert strip_from_events(plain) == (plain, None)
 
 
+def test_strip_from_events_cuts_the_null_field_vllm_033_puts_on_every_chunk() -> None:
+    chunks = [
+        b'{"id":"c","choices":[{"delta":{"content":"say \\"kv_transfer_params\\":null"}}],'
+        b'"kv_transfer_params":null}',
+        b'{"kv_transfer_params":null,"id":"c","choices":[]}',
+        b'{"id":"c","choices":[],"kv_transfer_params":{"remote_engine_id":"d"}}',
+    ]
+    for chunk in chunks:
+        assert json.loads(chunk)["kv_transfer_params"] in (None, {"remote_engine_id": "d"})
+    events = b"".join(b"data: " + chunk + b"\n\n" for chunk in chunks[:2])
+    stripped, params = strip_from_events(events)
+    assert params is None
+    assert [json.loads(e[6:]) for e in stripped.split(b"\n\n") if e] == [
+        {k: v for k, v in json.loads(c).items() if k != "kv_transfer_params"} for c in chunks[:2]
+    ]
+    events += b"data: " + chunks[2] + b"\n\ndata: [DONE]\n\n"
+    stripped, params = strip_from_events(events)
+    assert params == {"remote_engine_id": "d"}
+    assert b'"kv_transfer_params":' not in stripped
+    assert stripped.endswith(b'data: {"id":"c","choices":[]}\n\ndata: [DONE]\n\n')
+
+
 @pytest.mark.parametrize(
     "body",
     [

@@ -17,6 +17,10 @@ KV_PARAMS = "kv_transfer_params"
 DECODE_EXPIRY_KEY = "disagg_expires_at"
 """Unix time at which decode frees the retained blocks, published by ``DisaggConnector``."""
 KV_MARKER = b'"kv_transfer_params"'
+_NULL_FIELD = KV_MARKER + b":null"
+# vLLM >= 0.33 puts ``"kv_transfer_params":null`` on every streamed chunk (compact JSON). A raw
+# quote cannot occur inside a JSON string, so these bytes are always the field itself.
+_NULL_FIELD_FORMS = (b"," + _NULL_FIELD, _NULL_FIELD + b",")
 _UNROUTABLE_HOSTS = frozenset({"", "0.0.0.0", "::", "localhost", "127.0.0.1", "::1"})
 
 
@@ -51,10 +55,16 @@ def routable(params: object, replica_host: str) -> dict[str, Any] | None:
 def strip_from_events(events: bytes) -> tuple[bytes, dict[str, Any] | None]:
     """Remove ``kv_transfer_params`` from SSE ``data:`` events; return them and the params.
 
-    Only events that mention the field are decoded, so the common chunk costs one search.
+    Only events that mention the field with a value are decoded; a null field (every chunk
+    but the last from vLLM >= 0.33) is cut out as bytes, so the common chunk costs a search.
     """
     if KV_MARKER not in events:
         return events, None
+    if events.count(KV_MARKER) == events.count(_NULL_FIELD):
+        for form in _NULL_FIELD_FORMS:
+            events = events.replace(form, b"")
+        if KV_MARKER not in events:
+            return events, None
     found: dict[str, Any] | None = None
     out: list[bytes] = []
     for event in events.split(b"\n\n"):
