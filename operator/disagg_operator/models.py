@@ -65,6 +65,18 @@ MANAGED_VLLM_FLAGS = (
 RESERVED_ENV = ("PYTHONHASHSEED", "VLLM_NIXL_SIDE_CHANNEL_HOST", "VLLM_NIXL_SIDE_CHANNEL_PORT")
 """Environment the operator owns: it must agree across prefill and decode pods."""
 
+API_KEY_FLAGS = tuple(f"--api{sep}{stem}" for sep in ("-", "_") for stem in ("k", "ke", "key"))
+"""Every spelling vLLM's parser reads as --api-key (``_`` for ``-``, unique prefixes)."""
+
+VLLM_API_KEY_ENV = "VLLM_API_KEY"
+"""vLLM's default for --api-key (0.32, 0.33): the operator sets it from spec.auth.apiKeySecret."""
+
+API_KEY_FIX = (
+    "set spec.auth.apiKeySecret instead (the operator gives the key to prefill, decode and "
+    "the router, which must agree on it)"
+)
+"""Why the API key is not set per role."""
+
 RESERVED_LABEL_PREFIX = "app.kubernetes.io/"
 
 _DECIMAL = r"(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
@@ -254,12 +266,21 @@ class ResourceOverrides(ApiModel):
     )
 
 
-_MANAGED_FLAGS_CEL = "[" + ", ".join(f"'{flag}'" for flag in MANAGED_VLLM_FLAGS) + "]"
 _RESERVED_ENV_CEL = "[" + ", ".join(f"'{name}'" for name in RESERVED_ENV) + "]"
 
 
-def _is_managed_flag(arg: str) -> bool:
-    return any(arg == flag or arg.startswith(flag + "=") for flag in MANAGED_VLLM_FLAGS)
+def _names_flag(arg: str, flags: tuple[str, ...]) -> bool:
+    """Whether ``arg`` is one of ``flags``, alone or as ``flag=value``."""
+    return any(arg == flag or arg.startswith(flag + "=") for flag in flags)
+
+
+def _no_flag_cel(flags: tuple[str, ...]) -> str:
+    """CEL twin of ``not any(_names_flag(arg, flags) for arg in extraArgs)``."""
+    listed = "[" + ", ".join(f"'{flag}'" for flag in flags) + "]"
+    return (
+        f"!has(self.extraArgs) || self.extraArgs.all(a, !{listed}"
+        ".exists(f, a == f || a.startsWith(f + '=')))"
+    )
 
 
 class RoleSpec(ApiModel):
@@ -277,15 +298,26 @@ class RoleSpec(ApiModel):
             message="must not repeat a flag the operator sets from the spec ("
             + ", ".join(MANAGED_VLLM_FLAGS)
             + "); use the matching spec field",
-            cel=f"!has(self.extraArgs) || self.extraArgs.all(a, !{_MANAGED_FLAGS_CEL}"
-            ".exists(f, a == f || a.startsWith(f + '=')))",
-            check=lambda m: not any(_is_managed_flag(arg) for arg in m.extra_args),
+            cel=_no_flag_cel(MANAGED_VLLM_FLAGS),
+            check=lambda m: not any(_names_flag(arg, MANAGED_VLLM_FLAGS) for arg in m.extra_args),
+        ),
+        CrossFieldRule(
+            field="extraArgs",
+            message=f"must not set --api-key; {API_KEY_FIX}",
+            cel=_no_flag_cel(API_KEY_FLAGS),
+            check=lambda m: not any(_names_flag(arg, API_KEY_FLAGS) for arg in m.extra_args),
         ),
         CrossFieldRule(
             field="env",
             message="must not set operator-owned variables (" + ", ".join(RESERVED_ENV) + ")",
             cel=f"!has(self.env) || self.env.all(e, !(e.name in {_RESERVED_ENV_CEL}))",
             check=lambda m: not any(var.name in RESERVED_ENV for var in m.env),
+        ),
+        CrossFieldRule(
+            field="env",
+            message=f"must not set {VLLM_API_KEY_ENV}; {API_KEY_FIX}",
+            cel=f"!has(self.env) || self.env.all(e, e.name != '{VLLM_API_KEY_ENV}')",
+            check=lambda m: not any(var.name == VLLM_API_KEY_ENV for var in m.env),
         ),
         CrossFieldRule(
             field="podLabels",
@@ -448,6 +480,17 @@ class RouterSpec(ApiModel):
     )
 
 
+class AuthSpec(ApiModel):
+    """Who may call the model's OpenAI API."""
+
+    api_key_secret: SecretKeyRef = Field(
+        description="Secret key holding the API key. Clients must send it to the router as "
+        "`Authorization: Bearer <key>` (else 401; only /health and /metrics stay open); "
+        "prefill and decode get it as VLLM_API_KEY and the router sends it on every engine "
+        "call. The Secret must exist in the model's namespace."
+    )
+
+
 class EfaSpec(ApiModel):
     """AWS Elastic Fabric Adapter for the KV transfer (p5/p5en)."""
 
@@ -517,6 +560,11 @@ class DisaggregatedModelSpec(ApiModel):
         default_factory=KvTransferSpec, description="KV-cache transfer settings."
     )
     router: RouterSpec = Field(default_factory=RouterSpec, description="The router.")
+    auth: AuthSpec | None = Field(
+        None,
+        description="API-key protection of the router and the engines. Without it "
+        "anyone who reaches the router Service can call the model.",
+    )
     efa: EfaSpec = Field(default_factory=EfaSpec, description="AWS EFA settings.")
 
     @property

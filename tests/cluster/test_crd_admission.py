@@ -69,6 +69,7 @@ def test_api_server_refuses_invalid_spec_naming_the_field(
     code, out = _create(kubectl, crd_namespace, resource(spec_with(case.patch)))
     assert code != 0, out
     assert case.path in out, out
+    assert case.says in out, out
 
 
 @pytest.mark.parametrize("name", ["x" * 45, "Upper"])

@@ -79,12 +79,13 @@ def load_example(path: Path) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class InvalidSpec:
-    """A spec patch that must be refused, blaming `path`."""
+    """A spec patch that must be refused, blaming `path` (and saying `says`, when set)."""
 
     id: str
     patch: dict[str, Any]
     path: str
     cross_field: bool = False
+    says: str = ""
 
 
 INVALID_SPECS = [
@@ -191,6 +192,33 @@ INVALID_SPECS = [
         {"decode": {"extraArgs": ["--no-enable-prompt-tokens-details"]}},
         "spec.decode.extraArgs",
         cross_field=True,
+    ),
+    InvalidSpec(
+        "extra-args-set-api-key",
+        {"prefill": {"extraArgs": ["--api-key", "secret"]}},
+        "spec.prefill.extraArgs",
+        cross_field=True,
+        says="set spec.auth.apiKeySecret instead",
+    ),
+    InvalidSpec(
+        "extra-args-set-api-key-by-another-spelling",
+        {"decode": {"extraArgs": ["--enforce-eager", "--api_ke=secret"]}},
+        "spec.decode.extraArgs",
+        cross_field=True,
+        says="set spec.auth.apiKeySecret instead",
+    ),
+    InvalidSpec(
+        "env-sets-vllm-api-key",
+        {"decode": {"env": [{"name": "VLLM_API_KEY", "value": "secret"}]}},
+        "spec.decode.env",
+        cross_field=True,
+        says="set spec.auth.apiKeySecret instead",
+    ),
+    InvalidSpec("auth-without-secret", {"auth": {}}, "spec.auth.apiKeySecret"),
+    InvalidSpec(
+        "auth-secret-without-name",
+        {"auth": {"apiKeySecret": {"key": "api-key"}}},
+        "spec.auth.apiKeySecret.name",
     ),
     InvalidSpec(
         "env-sets-hash-seed",

@@ -74,6 +74,7 @@ def test_invalid_spec_is_refused_naming_the_field(case: InvalidSpec) -> None:
         load_spec(spec_with(case.patch))
     paths = [problem.split(": ", 1)[0] for problem in caught.value.problems]
     assert case.path in paths, caught.value.problems
+    assert case.says in str(caught.value), caught.value.problems
 
 
 def test_catalogue_is_large_and_covers_every_cross_field_rule() -> None:

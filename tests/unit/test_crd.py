@@ -163,6 +163,7 @@ def test_minimal_resource_is_admitted() -> None:
 def test_crd_refuses_invalid_spec_naming_the_field(case: InvalidSpec) -> None:
     errors = admission_errors(resource(spec_with(case.patch)))
     assert case.path in [error.split(": ", 1)[0] for error in errors], errors
+    assert any(case.says in error for error in errors), errors
 
 
 @pytest.mark.parametrize(
@@ -184,6 +185,8 @@ def test_cel_rule_refuses_what_the_model_validator_refuses(case: InvalidSpec) ->
         {"model": {"maxModelLen": 64}, "kvTransfer": {"bidirectional": False}},
         {"decode": {"tensorParallelSize": 4, "gpusPerPod": 4}},
         {"prefill": {"extraArgs": ["--enforce-eager", "--portal=x"], "podLabels": {"team": "a"}}},
+        {"decode": {"extraArgs": ["--api-server-count", "2"]}},
+        {"auth": {"apiKeySecret": {"name": "api-key"}}},
         {"model": {"cache": {"hostPath": {"path": "/data"}}}},
     ],
 )
