@@ -47,7 +47,9 @@ class StandinState:
     token_delay_s: float = 0.0
     break_stream_after: int | None = None
     fail_statuses: list[int] = field(default_factory=list)
+    api_key: str | None = None
     received: list[dict[str, Any]] = field(default_factory=list)
+    authorizations: list[tuple[str, str | None]] = field(default_factory=list)
     reads: list[dict[str, Any]] = field(default_factory=list)
     counter: itertools.count[int] = field(default_factory=itertools.count)
 
@@ -92,16 +94,31 @@ def _kv_params(state: StandinState, request_id: str, tokens: int) -> dict[str, A
     }
 
 
+def _refused(state: StandinState, request: Request) -> Response | None:
+    """vLLM's answer when ``--api-key`` is set and the request lacks it (it guards /v1/*);
+    the ``Authorization`` header of every /v1 request is recorded."""
+    authorization = request.headers.get("authorization")
+    if state.record:
+        state.authorizations.append((request.url.path, authorization))
+    if state.api_key is None or authorization == f"Bearer {state.api_key}":
+        return None
+    return JSONResponse({"error": "Unauthorized"}, status_code=401)
+
+
 def build_app(state: StandinState) -> Starlette:
     """The stand-in's ASGI app for ``state``."""
 
     async def health(_: Request) -> Response:
         return Response(status_code=200)
 
-    async def models(_: Request) -> Response:
+    async def models(request: Request) -> Response:
+        if refused := _refused(state, request):
+            return refused
         return JSONResponse({"object": "list", "data": [{"id": MODEL, "object": "model"}]})
 
     async def generate(request: Request) -> Response:
+        if refused := _refused(state, request):
+            return refused
         body = await request.json()
         if state.record:
             state.received.append(body)

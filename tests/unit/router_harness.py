@@ -88,9 +88,9 @@ class Engine:
         return self.server.url
 
 
-def start_engine(role: str, name: str, port: int = 0) -> Engine:
-    """Start a stand-in engine of ``role``."""
-    state = StandinState(role=role, name=name)
+def start_engine(role: str, name: str, port: int = 0, api_key: str | None = None) -> Engine:
+    """Start a stand-in engine of ``role`` (refusing /v1 calls without ``api_key``, if set)."""
+    state = StandinState(role=role, name=name, api_key=api_key)
     return Engine(state, ServerThread(build_app(state), port).start())
 
 
@@ -135,11 +135,13 @@ class RouterRig:
 
 
 @contextmanager
-def router_rig(prefills: int = 2, decodes: int = 2, **overrides: Any) -> Iterator[RouterRig]:
+def router_rig(
+    prefills: int = 2, decodes: int = 2, engine_api_key: str | None = None, **overrides: Any
+) -> Iterator[RouterRig]:
     """A rig with one router started; stopped on exit."""
     rig = RouterRig(
-        [start_engine("prefill", f"p{i}") for i in range(prefills)],
-        [start_engine("decode", f"d{i}") for i in range(decodes)],
+        [start_engine("prefill", f"p{i}", api_key=engine_api_key) for i in range(prefills)],
+        [start_engine("decode", f"d{i}", api_key=engine_api_key) for i in range(decodes)],
     )
     try:
         rig.start_router(**overrides)

@@ -19,6 +19,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from disagg_connector.router import routes
+from disagg_connector.router.auth import ApiKeyGuard, unauthorized
 from disagg_connector.router.config import RouterConfig
 from disagg_connector.router.discovery import build_discovery
 from disagg_connector.router.errors import RouterError, error_response, request_id_of
@@ -34,10 +35,11 @@ _ENDPOINTS = {endpoint.value: endpoint for endpoint in Endpoint}
 
 
 class RouterApp:
-    """The router's ASGI app."""
+    """The router's ASGI app; with a ``guard``, HTTP requests need the API key first."""
 
-    def __init__(self, api: FastAPI) -> None:
+    def __init__(self, api: FastAPI, guard: ApiKeyGuard | None = None) -> None:
         self._api = api
+        self._guard = guard
 
     @property
     def state(self) -> State:
@@ -46,7 +48,13 @@ class RouterApp:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Serve POSTs to the generation endpoints directly, anything else through FastAPI."""
-        endpoint = _ENDPOINTS.get(scope["path"]) if scope["type"] == "http" else None
+        if scope["type"] != "http":
+            await self._api(scope, receive, send)
+            return
+        if self._guard is not None and not self._guard.allows(scope):
+            await unauthorized(scope)(scope, receive, send)
+            return
+        endpoint = _ENDPOINTS.get(scope["path"])
         if endpoint is None:
             await self._api(scope, receive, send)
             return
@@ -63,7 +71,7 @@ def create_app(config: RouterConfig) -> RouterApp:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        engines = EngineClient(config.connect_timeout_s)
+        engines = EngineClient(config.connect_timeout_s, config.api_key)
         pools = tuple(
             ReplicaPool(role, config.health_interval_s, config.health_max_backoff_s)
             for role in (Role.PREFILL, Role.DECODE)
@@ -93,7 +101,8 @@ def create_app(config: RouterConfig) -> RouterApp:
     )
     api.include_router(routes.router)
     api.add_exception_handler(HTTPException, _http_error)
-    return RouterApp(api)
+    guard = ApiKeyGuard(config.api_key) if config.api_key is not None else None
+    return RouterApp(api, guard)
 
 
 def not_routed(status: int, detail: str, request: Request) -> Response:

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import enum
 import importlib.util
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 #: Prefill declines reading decode blocks that expire within this margin (vLLM pull_worker).
 DECODE_EXPIRY_MARGIN_S = 5.0
+
+#: The API key's environment variable (the operator sets it from spec.auth.apiKeySecret).
+API_KEY_ENV = "DISAGG_API_KEY"
 
 
 class ConfigError(ValueError):
@@ -60,6 +63,7 @@ class RouterConfig:
     decode_affinity_slack: int = 4
     kv_bytes_per_token: int = 0
     log_format: str = "text"
+    api_key: str | None = field(default=None, repr=False)
 
     def validate(self) -> RouterConfig:
         """Check cross-field rules and return self; raise ``ConfigError`` naming the field."""
@@ -109,7 +113,19 @@ class RouterConfig:
             raise ConfigError("--decode-affinity-slack/--kv-bytes-per-token: must not be negative")
         if self.log_format not in ("text", "json"):
             raise ConfigError("--log-format: choose text or json")
+        if self.api_key is not None:
+            check_api_key(self.api_key)
         return self
+
+
+def check_api_key(key: str) -> None:
+    """Raise ``ConfigError`` unless ``key`` can travel in an ``Authorization`` header as is."""
+    if not key or not key.isascii() or not key.isprintable() or " " in key:
+        raise ConfigError(
+            f"--api-key/{API_KEY_ENV}: the API key must be non-empty printable ASCII without "
+            "spaces or newlines (a Secret made from a file often ends with a newline: "
+            "kubectl create secret generic NAME --from-literal=token=KEY)"
+        )
 
 
 def require(package: str, option: str) -> None:

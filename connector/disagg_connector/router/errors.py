@@ -58,6 +58,20 @@ class EngineRejected(RouterError):
         return super().render()
 
 
+def engine_refusal(status: int, content: bytes, role: str) -> RouterError:
+    """An engine's 4xx, relayed to the client; a 401 is not the client's fault (the router
+    passed its key check) but the engine refusing the router's own key: a 502 saying so."""
+    if status == 401:
+        return upstream_error(
+            502,
+            f"{role} refused the router's API key (HTTP 401): the router and the engines need "
+            "the same key (spec.auth.apiKeySecret; disagg router --api-key or DISAGG_API_KEY, "
+            "vLLM --api-key or VLLM_API_KEY).",
+            "engine_unauthorized",
+        )
+    return EngineRejected(status, content)
+
+
 def engine_message(content: bytes) -> str:
     """The ``message`` of an engine's error body, else its first 300 characters."""
     parsed = json_object(content)

@@ -3,8 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import os
 
-from disagg_connector.router.config import DiscoveryKind, RouterConfig, StoreKind, check_url
+from disagg_connector.router.config import (
+    API_KEY_ENV,
+    DiscoveryKind,
+    RouterConfig,
+    StoreKind,
+    check_url,
+)
 
 _DEFAULTS = RouterConfig()
 
@@ -69,6 +76,16 @@ def add_router_arguments(parser: argparse.ArgumentParser) -> None:
         help="share conversation ids across API keys (default: scoped per key)",
     )
 
+    auth = parser.add_argument_group("authentication")
+    auth.add_argument(
+        "--api-key",
+        default=None,
+        help=f"API key: clients must send it as 'Authorization: Bearer KEY' (401 otherwise; "
+        "/health and /metrics stay open) and the router sends it to every engine "
+        f"(vLLM's --api-key or VLLM_API_KEY). Default: ${API_KEY_ENV}; prefer the variable, a "
+        "flag shows in the process list. Without either, nothing is checked",
+    )
+
     limits = parser.add_argument_group("limits and health")
     limits.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes)
     limits.add_argument("--connect-timeout", type=float, default=d.connect_timeout_s)
@@ -123,4 +140,5 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
         decode_affinity_slack=args.decode_affinity_slack,
         kv_bytes_per_token=args.kv_bytes_per_token,
         log_format=args.log_format,
+        api_key=args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV),
     ).validate()

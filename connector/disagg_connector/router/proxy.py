@@ -21,9 +21,9 @@ from disagg_connector.router.conversation import (
 )
 from disagg_connector.router.engine_body import EngineBodies
 from disagg_connector.router.errors import (
-    EngineRejected,
     RouterError,
     engine_message,
+    engine_refusal,
     error_response,
     request_id_of,
     upstream_error,
@@ -184,7 +184,7 @@ class ProxyService:
             elapsed = time.perf_counter() - started
             status = response.status
             if 400 <= status < 500:
-                raise EngineRejected(status, content)
+                raise engine_refusal(status, content, "Prefill")
             data = json_object(content) if status == 200 else None
             if data is None:
                 turn.entry_spent, params = True, prefill_params(None)
@@ -266,7 +266,7 @@ class ProxyService:
             except UpstreamFailure as exc:
                 refusal = str(exc).encode()
             if 400 <= response.status < 500:
-                raise EngineRejected(response.status, refusal)
+                raise engine_refusal(response.status, refusal, "Decode")
             message = engine_message(refusal)
             self._upstream_failed(replica, f"http_{response.status}", message, mark=False)
             raise upstream_error(502, f"Decode failed: {message}", "decode_failed")

@@ -78,13 +78,16 @@ class EngineResponse:
 class EngineClient:
     """Pooled HTTP/1.1 connections to every engine replica."""
 
-    def __init__(self, connect_timeout_s: float) -> None:
+    def __init__(self, connect_timeout_s: float, api_key: str | None = None) -> None:
+        """``api_key``, when set, goes to every engine as ``Authorization: Bearer`` (vLLM's
+        ``--api-key`` guards /v1/*, model listing included; /health stays open)."""
         self._connect_timeout_s = connect_timeout_s
         self._timeouts: dict[float, aiohttp.ClientTimeout] = {}
         self._session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=ENGINE_KEEPALIVE_S),
             cookie_jar=aiohttp.DummyCookieJar(),
             skip_auto_headers=("User-Agent",),
+            headers={"Authorization": f"Bearer {api_key}"} if api_key is not None else None,
         )
 
     def _timeout(self, read_timeout_s: float) -> aiohttp.ClientTimeout:

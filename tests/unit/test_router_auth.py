@@ -1,0 +1,134 @@
+"""API-key protection: clients need the key on every path but /health and /metrics, and the
+router sends its key to every engine call (stand-ins that refuse /v1 without it, as vLLM)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+import httpx
+import pytest
+from disagg_connector.router.auth import ApiKeyGuard
+from disagg_connector.router.config import API_KEY_ENV, ConfigError, RouterConfig
+from disagg_connector.router.options import add_router_arguments, config_from_args
+from router_harness import RouterRig, metric
+
+MODEL = "standin-model"
+KEY = "sk-disagg-0123456789"
+KEYED = {"api_key": KEY, "engine_api_key": KEY}
+GOOD = {"Authorization": f"Bearer {KEY}"}
+
+
+def chat(client: httpx.Client, headers: dict[str, str], **fields: object) -> httpx.Response:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi there"}], **fields}
+    return client.post("/v1/chat/completions", json=body, headers=headers)
+
+
+@pytest.mark.parametrize("rig", [KEYED], indirect=True)
+@pytest.mark.parametrize(
+    "authorization",
+    [None, "Bearer wrong", f"Bearer {KEY[:-1]}", f"Bearer {KEY}x", f"Basic {KEY}", KEY, "Bearer"],
+)
+def test_generation_without_the_key_is_401(
+    rig: RouterRig, client: httpx.Client, authorization: str | None
+) -> None:
+    headers = {"X-Request-Id": "req-401"}
+    if authorization is not None:
+        headers["Authorization"] = authorization
+    for path in ("/v1/chat/completions", "/v1/completions"):
+        response = client.post(path, json={"model": MODEL, "prompt": "x"}, headers=headers)
+        assert response.status_code == 401, response.text
+        error = response.json()["error"]
+        assert (error["type"], error["code"]) == ("invalid_request_error", "invalid_api_key")
+        assert "Authorization: Bearer" in error["message"]
+        assert response.headers["X-Request-Id"] == "req-401"
+        assert response.headers["WWW-Authenticate"] == "Bearer"
+    assert [b for e in rig.prefill + rig.decode for b in e.state.received] == []
+
+
+@pytest.mark.parametrize("rig", [KEYED], indirect=True)
+def test_models_and_unknown_paths_need_the_key_health_and_metrics_do_not(
+    client: httpx.Client,
+) -> None:
+    assert client.get("/v1/models").status_code == 401
+    assert client.get("/v2/anything").status_code == 401
+    assert client.get("/v1/models", headers=GOOD).json()["data"][0]["id"] == MODEL
+    assert client.get("/v2/anything", headers=GOOD).status_code == 404
+    assert client.get("/health").status_code == 200
+    assert client.get("/metrics").status_code == 200
+
+
+@pytest.mark.parametrize("rig", [KEYED], indirect=True)
+@pytest.mark.parametrize("stream", [False, True])
+def test_the_key_serves_and_reaches_every_engine_call(
+    rig: RouterRig, client: httpx.Client, stream: bool
+) -> None:
+    lower_scheme = {"Authorization": f"bearer {KEY}"}
+    for headers in (GOOD, lower_scheme):
+        response = chat(client, headers, stream=stream)
+        assert response.status_code == 200, response.text
+    calls = [call for e in rig.prefill + rig.decode for call in e.state.authorizations]
+    paths = {path for path, _ in calls}
+    assert {"/v1/chat/completions", "/v1/models"} <= paths
+    assert {auth for _, auth in calls} == {f"Bearer {KEY}"}
+    assert sum(len(e.state.received) for e in rig.prefill) == 2
+    assert sum(len(e.state.received) for e in rig.decode) == 2
+
+
+@pytest.mark.parametrize("rig", [KEYED], indirect=True)
+def test_conversations_still_hit_behind_the_key(client: httpx.Client) -> None:
+    for _ in range(2):
+        assert chat(client, GOOD, conversation_id="c-auth").status_code == 200
+    assert metric(client, "disagg_router_conversation_lookups_total", result="hit") == 1
+
+
+@pytest.mark.parametrize("rig", [{"engine_api_key": KEY}], indirect=True)
+def test_engines_refusing_the_routers_key_is_a_502_not_the_clients_401(
+    client: httpx.Client,
+) -> None:
+    response = chat(client, {})
+    assert response.status_code == 502, response.text
+    error = response.json()["error"]
+    assert error["code"] == "engine_unauthorized"
+    assert "spec.auth.apiKeySecret" in error["message"]
+
+
+def test_without_a_key_the_router_stays_open(client: httpx.Client) -> None:
+    assert chat(client, {}).status_code == 200
+    assert client.get("/v1/models").status_code == 200
+
+
+def _parse(*argv: str) -> RouterConfig:
+    parser = argparse.ArgumentParser()
+    add_router_arguments(parser)
+    return config_from_args(
+        parser.parse_args(["--prefill", "http://p:1", "--decode", "http://d:1", *argv])
+    )
+
+
+def test_key_comes_from_the_environment_unless_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(API_KEY_ENV, raising=False)
+    assert _parse().api_key is None
+    monkeypatch.setenv(API_KEY_ENV, KEY)
+    assert _parse().api_key == KEY
+    assert _parse("--api-key", "sk-flag").api_key == "sk-flag"
+    assert KEY not in repr(_parse())
+
+
+@pytest.mark.parametrize("key", ["", f"{KEY}\n", "two words", "clé"])
+def test_keys_that_cannot_travel_in_a_header_are_refused(key: str) -> None:
+    config = dataclasses.replace(_parse(), api_key=key)
+    with pytest.raises(ConfigError, match=API_KEY_ENV):
+        config.validate()
+
+
+def test_guard_reads_only_the_authorization_header() -> None:
+    guard = ApiKeyGuard(KEY)
+
+    def scope(path: str, *headers: tuple[bytes, bytes]) -> dict[str, object]:
+        return {"type": "http", "path": path, "headers": list(headers)}
+
+    assert guard.allows(scope("/v1/models", (b"authorization", f"Bearer {KEY}".encode())))
+    assert not guard.allows(scope("/v1/models", (b"x-api-key", KEY.encode())))
+    assert not guard.allows(scope("/v1/models"))
+    assert guard.allows(scope("/health")) and guard.allows(scope("/metrics"))
