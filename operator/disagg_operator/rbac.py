@@ -66,7 +66,7 @@ def namespaced_rules() -> list[Rule]:
         *_by_group(CHILD_RESOURCES, APPLY),
         # Pod conditions explain why a role is not ready.
         _rule([PODS], READ),
-        # Only read by name: does spec.model.tokenSecret exist?
+        # Only read by name: do the Secrets the spec names (tokenSecret, apiKeySecret) exist?
         _rule([SECRETS], ["get"]),
         _rule([EVENTS], ["create"]),
         # RBAC escalation check: the operator holds every permission it grants a router.

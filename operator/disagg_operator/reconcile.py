@@ -32,7 +32,11 @@ from disagg_operator.errors import SpecError
 from disagg_operator.kubeapi import ApiException, KubeApi
 from disagg_operator.loading import load_spec
 from disagg_operator.metrics import OperatorMetrics
-from disagg_operator.models import DisaggregatedModelSpec, DisaggregatedModelStatus
+from disagg_operator.models import (
+    DisaggregatedModelSpec,
+    DisaggregatedModelStatus,
+    SecretKeyRef,
+)
 from disagg_operator.names import ROLES, Component, child_name
 from disagg_operator.render import render
 from disagg_operator.resources import DISAGGREGATED_MODELS, SECRETS, resource_of
@@ -276,35 +280,37 @@ class Reconciler:
         return outcome
 
     def _prerequisites(self, spec: DisaggregatedModelSpec, namespace: str) -> list[Problem]:
-        """Objects the spec names that must exist before pods can start."""
-        ref = spec.model.token_secret
-        if ref is None:
-            return []
+        """Objects the spec names that must exist before pods can start: its Secrets."""
+        problems = []
+        for field_path, ref in secret_refs(spec):
+            problem = self._check_secret(field_path, ref, namespace)
+            if problem is not None:
+                problems.append(problem)
+        return problems
+
+    def _check_secret(self, field_path: str, ref: SecretKeyRef, namespace: str) -> Problem | None:
+        """A problem when the Secret `field_path` names, or its key, is missing."""
         try:
             secret = self._api.get(SECRETS, namespace, ref.name)
         except ApiException as exc:
             if exc.status == 403:
                 self._log.warning("cannot check Secret %s/%s: %s", namespace, ref.name, exc.reason)
-                return []
+                return None
             raise
         if secret is None:
-            return [
-                Problem(
-                    "SecretNotFound",
-                    f"Secret {ref.name} named by spec.model.tokenSecret does not exist in "
-                    f"namespace {namespace}: create it (kubectl -n {namespace} create secret "
-                    f"generic {ref.name} --from-literal={ref.key}=<token>)",
-                )
-            ]
+            return Problem(
+                "SecretNotFound",
+                f"Secret {ref.name} named by {field_path} does not exist in namespace "
+                f"{namespace}: create it (kubectl -n {namespace} create secret generic "
+                f"{ref.name} --from-literal={ref.key}=<value>)",
+            )
         if ref.key not in (secret.get("data") or {}):
-            return [
-                Problem(
-                    "SecretKeyNotFound",
-                    f"Secret {ref.name} has no key {ref.key!r} (spec.model.tokenSecret.key): "
-                    "add it or change the key",
-                )
-            ]
-        return []
+            return Problem(
+                "SecretKeyNotFound",
+                f"Secret {ref.name} has no key {ref.key!r} ({field_path}.key): "
+                "add it or change the key",
+            )
+        return None
 
     def _apply_all(
         self,
@@ -361,6 +367,14 @@ class Reconciler:
                 return
             raise
         self._written[meta["uid"]] = (new, meta.get("resourceVersion", ""))
+
+
+def secret_refs(spec: DisaggregatedModelSpec) -> list[tuple[str, SecretKeyRef]]:
+    """The Secret keys pods read, by the spec field that names them."""
+    refs = [("spec.model.tokenSecret", spec.model.token_secret)]
+    if spec.auth is not None:
+        refs.append(("spec.auth.apiKeySecret", spec.auth.api_key_secret))
+    return [(field_path, ref) for field_path, ref in refs if ref is not None]
 
 
 def _resource_version(obj: Mapping[str, Any]) -> int:

@@ -23,10 +23,13 @@ from disagg_operator.connector_config import (
 )
 from disagg_operator.models import (
     MODEL_MOUNT_PATH,
+    VLLM_API_KEY_ENV,
     VLLM_PORT,
     DisaggregatedModelSpec,
+    RedisUrlSecret,
     ResourceOverrides,
     RoleSpec,
+    SecretKeyRef,
 )
 from disagg_operator.names import (
     COMPONENT_LABEL,
@@ -54,6 +57,8 @@ CACHE_VOLUME = "model-cache"
 SHM_VOLUME = "dshm"
 REDIS_URL_ENV = "DISAGG_REDIS_URL"
 """The router's Redis URL from `spec.router.redis.urlSecret`, expanded into its arguments."""
+ROUTER_API_KEY_ENV = "DISAGG_API_KEY"
+"""The router's API key from `spec.auth.apiKeySecret` (`disagg router` reads it by default)."""
 ROUTER_RULES: list[dict[str, list[str]]] = [
     {
         "apiGroups": ["discovery.k8s.io"],
@@ -107,6 +112,11 @@ def _http_probe(period: int, failures: int) -> dict[str, Any]:
     }
 
 
+def _secret_env(name: str, ref: SecretKeyRef | RedisUrlSecret) -> dict[str, Any]:
+    """An environment variable read from a Secret key."""
+    return {"name": name, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}
+
+
 def _vllm_args(spec: DisaggregatedModelSpec, role: RoleSpec) -> list[str]:
     model = spec.model
     args = [
@@ -145,13 +155,9 @@ def _engine_env(
         {"name": "HF_HOME", "value": _cache_mount_path(spec)},
     ]
     if spec.model.token_secret is not None:
-        secret = spec.model.token_secret
-        injected.append(
-            {
-                "name": "HF_TOKEN",
-                "valueFrom": {"secretKeyRef": {"name": secret.name, "key": secret.key}},
-            }
-        )
+        injected.append(_secret_env("HF_TOKEN", spec.model.token_secret))
+    if spec.auth is not None:
+        injected.append(_secret_env(VLLM_API_KEY_ENV, spec.auth.api_key_secret))
     if spec.efa.enabled:
         injected.append({"name": "FI_PROVIDER", "value": spec.efa.provider})
     user = [var.model_dump(exclude_none=True) for var in role.env]
@@ -284,15 +290,23 @@ def _router_store(spec: DisaggregatedModelSpec) -> tuple[list[str], list[dict[st
     if redis.url_secret is None:
         assert redis.url is not None
         return ["--store", "redis", "--redis-url", _k8s_literal(redis.url)], []
-    secret = {"name": redis.url_secret.name, "key": redis.url_secret.key}
-    env = [{"name": REDIS_URL_ENV, "valueFrom": {"secretKeyRef": secret}}]
+    env = [_secret_env(REDIS_URL_ENV, redis.url_secret)]
     return ["--store", "redis", "--redis-url", f"$({REDIS_URL_ENV})"], env
+
+
+def _router_env(
+    spec: DisaggregatedModelSpec, store_env: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """The store's environment, plus the API key when `spec.auth` is set."""
+    if spec.auth is None:
+        return store_env
+    return [*store_env, _secret_env(ROUTER_API_KEY_ENV, spec.auth.api_key_secret)]
 
 
 def _router(name: str, namespace: str, spec: DisaggregatedModelSpec) -> list[Manifest]:
     router = spec.router
     image = spec.router_image
-    store_args, env = _router_store(spec)
+    store_args, store_env = _router_store(spec)
     common = {
         "name": child_name(name, Component.ROUTER),
         "namespace": namespace,
@@ -328,7 +342,7 @@ def _router(name: str, namespace: str, spec: DisaggregatedModelSpec) -> list[Man
             str(spec.kv_transfer.decoder_kv_blocks_ttl_seconds),
             *store_args,
         ],
-        env=env,
+        env=_router_env(spec, store_env),
         resources=_resources(ROUTER_REQUESTS, {}, router.resources),
         readiness_probe=_http_probe(period=5, failures=3),
         liveness_probe={"tcpSocket": {"port": "http"}, "periodSeconds": 10, "failureThreshold": 6},

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import kube
+import pytest
 from disagg_operator.connector_config import config_hash, config_map_data
 from disagg_operator.loading import load_spec
 from disagg_operator.names import CONFIG_HASH_ANNOTATION
@@ -282,13 +283,28 @@ def test_scaling_one_role_scales_only_that_statefulset(
         assert after["spec"] == before["spec"], kind
 
 
+@pytest.mark.parametrize(
+    ("patch", "field", "literal"),
+    [
+        ({"model": {"tokenSecret": {"name": "hf-token"}}}, "spec.model.tokenSecret", "token=x"),
+        (
+            {"auth": {"apiKeySecret": {"name": "hf-token", "key": "api-key"}}},
+            "spec.auth.apiKeySecret",
+            "api-key=sk-x",
+        ),
+    ],
+    ids=["token-secret", "api-key-secret"],
+)
 def test_missing_secret_degrades_and_recovers_by_itself(
     kubectl: kube.Kubectl,
     namespace: str,
     start_operator: StartOperator,  # noqa: F811
+    patch: dict[str, Any],
+    field: str,
+    literal: str,
 ) -> None:
     start_operator()
-    kubectl.apply(small_model(NAME, namespace, model={"tokenSecret": {"name": "hf-token"}}))
+    kubectl.apply(small_model(NAME, namespace, **patch))
 
     def degraded() -> dict[str, Any] | None:
         obj = dmodel(kubectl, namespace, NAME)
@@ -298,6 +314,7 @@ def test_missing_secret_degrades_and_recovers_by_itself(
     cond = condition(model, "Degraded")
     assert cond["reason"] == "SecretNotFound"
     assert "hf-token" in cond["message"] and "kubectl" in cond["message"]
+    assert field in cond["message"]
     assert condition(model, "Ready")["status"] == "False"
     assert condition(model, "Progressing")["reason"] == "Blocked"
     statefulsets = kubectl.json("-n", namespace, "get", "statefulsets")["items"]
@@ -305,7 +322,7 @@ def test_missing_secret_degrades_and_recovers_by_itself(
     warnings = _events(kubectl, namespace, "SecretNotFound")
     assert warnings and warnings[0]["type"] == "Warning"
 
-    kubectl("-n", namespace, "create", "secret", "generic", "hf-token", "--from-literal=token=x")
+    kubectl("-n", namespace, "create", "secret", "generic", "hf-token", f"--from-literal={literal}")
     model = wait_ready(kubectl, namespace, NAME, timeout_s=120)
     assert condition(model, "Degraded")["status"] == "False"
 

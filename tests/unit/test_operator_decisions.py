@@ -12,8 +12,9 @@ from disagg_operator.drift import differences
 from disagg_operator.loading import load_spec
 from disagg_operator.models import DisaggregatedModelStatus
 from disagg_operator.names import Component
+from disagg_operator.reconcile import secret_refs
 from disagg_operator.render import render
-from dmodel_samples import minimal_spec
+from dmodel_samples import minimal_spec, spec_with
 
 OWNER = {
     "apiVersion": "disagg.dev/v1alpha1",
@@ -169,3 +170,19 @@ def test_pod_states_name_what_blocks_them() -> None:
     }
     state = pod_state(pending, "decode")
     assert not state.failing and state.detail == "unschedulable: Insufficient nvidia.com/gpu"
+
+
+def test_secret_refs_name_every_secret_pods_read_by_field() -> None:
+    spec = load_spec(
+        spec_with(
+            {
+                "model": {"tokenSecret": {"name": "hf"}},
+                "auth": {"apiKeySecret": {"name": "api", "key": "k"}},
+            }
+        )
+    )
+    assert [(path, ref.name, ref.key) for path, ref in secret_refs(spec)] == [
+        ("spec.model.tokenSecret", "hf", "token"),
+        ("spec.auth.apiKeySecret", "api", "k"),
+    ]
+    assert secret_refs(load_spec(minimal_spec())) == []

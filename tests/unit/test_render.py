@@ -239,6 +239,27 @@ def test_token_secret_becomes_hf_token() -> None:
     assert "HF_TOKEN" not in env(container(None, "prefill"))
 
 
+def test_auth_key_reaches_engines_and_router_from_the_secret_only() -> None:
+    patch = {
+        "auth": {"apiKeySecret": {"name": "api", "key": "k"}},
+        "router": {"replicas": 2, "redis": {"urlSecret": {"name": "valkey"}}},
+    }
+    ref = {"secretKeyRef": {"name": "api", "key": "k"}}
+    for role in ("prefill", "decode"):
+        main = container(patch, role)
+        assert env(main)["VLLM_API_KEY"] == {"name": "VLLM_API_KEY", "valueFrom": ref}
+        assert main["readinessProbe"]["httpGet"]["path"] == "/health"
+        assert "VLLM_API_KEY" not in env(container(None, role))
+    router = router_container(patch)
+    assert env(router)["DISAGG_API_KEY"] == {"name": "DISAGG_API_KEY", "valueFrom": ref}
+    assert "DISAGG_REDIS_URL" in env(router)
+    assert "env" not in router_container()
+    commands = [c["command"] for c in (router, container(patch, "prefill"))]
+    assert not any(arg.startswith("--api") for command in commands for arg in command)
+    default_key = env(container({"auth": {"apiKeySecret": {"name": "api"}}}, "decode"))
+    assert default_key["VLLM_API_KEY"]["valueFrom"]["secretKeyRef"]["key"] == "token"
+
+
 def test_image_fields() -> None:
     patch = {"image": {"tag": "2.0", "pullPolicy": "Always", "pullSecrets": ["regcred"]}}
     for main, spec in (

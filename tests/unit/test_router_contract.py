@@ -9,6 +9,7 @@ from disagg_connector.router.config import DiscoveryKind
 from disagg_connector.router.options import config_from_args
 from disagg_operator.cli import build_parser
 from disagg_operator.loading import load_file
+from disagg_operator.models import AuthSpec
 from disagg_operator.render import render
 
 EXAMPLES = sorted((Path(__file__).parents[2] / "examples").glob("*.yaml"))
@@ -29,6 +30,22 @@ def test_rendered_router_command_is_a_valid_router_config(example: Path) -> None
         assert config.conversation_ttl_s == model.spec.conversation_ttl_seconds
         probe = container["readinessProbe"]["httpGet"]
         assert (probe["path"], probe["port"]) == ("/health", config.port_name)
+
+
+def test_rendered_router_reads_the_api_key_the_secret_gives(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    model = load_file(EXAMPLES[0])[0]
+    spec = model.spec.model_copy(
+        update={"auth": AuthSpec.model_validate({"apiKeySecret": {"name": "api"}})}
+    )
+    manifests = render(model.metadata.name, model.metadata.namespace, spec)
+    (deployment,) = [m for m in manifests if m["kind"] == "Deployment"]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    (from_secret,) = [v for v in container["env"] if "secretKeyRef" in v["valueFrom"]]
+    monkeypatch.setenv(from_secret["name"], "sk-from-secret")
+    config = config_from_args(build_parser().parse_args(container["command"][1:]))
+    assert config.api_key == "sk-from-secret"
 
 
 def test_examples_exist() -> None:
