@@ -97,6 +97,8 @@ def _kv_params(state: StandinState, request_id: str, tokens: int) -> dict[str, A
 def _refused(state: StandinState, request: Request) -> Response | None:
     """vLLM's answer when ``--api-key`` is set and the request lacks it (it guards /v1/*);
     the ``Authorization`` header of every /v1 request is recorded."""
+    if state.api_key is None and not state.record:
+        return None
     authorization = request.headers.get("authorization")
     if state.record:
         state.authorizations.append((request.url.path, authorization))
