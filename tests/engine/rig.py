@@ -79,6 +79,8 @@ class EngineServer:
     kv_cache_bytes: int = KV_CACHE_BYTES
     kv_config: dict[str, Any] | None = None
     """A ``--kv-transfer-config`` to run with instead of the spec's (e.g. an operator render)."""
+    env: dict[str, str] = field(default_factory=dict)
+    """More environment for the server (e.g. ``VLLM_API_KEY``, as the operator renders it)."""
 
     @property
     def url(self) -> str:
@@ -124,6 +126,7 @@ class EngineServer:
             HF_HUB_OFFLINE="1",
             PATH=f"{ENGINE_VENV / 'bin'}:{env.get('PATH', '')}",
         )
+        env.update(self.env)
         env.pop("VIRTUAL_ENV", None)
         if self.spec.hooks:
             env.update(HOOK_ENV)
