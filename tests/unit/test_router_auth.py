@@ -44,6 +44,18 @@ def test_generation_without_the_key_is_401(
         assert response.headers["X-Request-Id"] == "req-401"
         assert response.headers["WWW-Authenticate"] == "Bearer"
     assert [b for e in rig.prefill + rig.decode for b in e.state.received] == []
+    for endpoint in ("/v1/chat/completions", "/v1/completions"):
+        assert (
+            metric(
+                client, "disagg_router_requests_total", endpoint=endpoint, outcome="unauthorized"
+            )
+            == 1
+        )
+    client.get("/v2/anything")
+    assert (
+        metric(client, "disagg_router_requests_total", endpoint="other", outcome="unauthorized")
+        == 1
+    )
 
 
 @pytest.mark.parametrize("rig", [KEYED], indirect=True)

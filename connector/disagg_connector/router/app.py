@@ -51,10 +51,12 @@ class RouterApp:
         if scope["type"] != "http":
             await self._api(scope, receive, send)
             return
+        endpoint = _ENDPOINTS.get(scope["path"])
         if self._guard is not None and not self._guard.allows(scope):
+            label = endpoint.value if endpoint is not None else "other"
+            self.state.metrics.requests.labels(label, "unauthorized").inc()
             await unauthorized(scope)(scope, receive, send)
             return
-        endpoint = _ENDPOINTS.get(scope["path"])
         if endpoint is None:
             await self._api(scope, receive, send)
             return

@@ -19,7 +19,8 @@ class RouterMetrics:
         reg = self.registry
         self.requests = Counter(
             "disagg_router_requests",
-            "Client requests by endpoint and outcome.",
+            "Client requests by endpoint and outcome (refused for want of the API key: outcome "
+            "unauthorized, endpoint other for paths that are not generation endpoints).",
             ["endpoint", "outcome"],
             registry=reg,
         )
