@@ -25,13 +25,16 @@ class CrossFieldRule:
 
     ``field`` is the offending field's path relative to the model (camelCase, dotted), ``cel``
     the CEL expression with ``self`` bound to the model's object, ``check`` the same predicate in
-    Python; both must be true for a valid object.
+    Python; both must be true for a valid object. ``explain``, when set, says what in a refused
+    object breaks the rule (which item, which field to set instead); the models append it to the
+    message, which CEL cannot compute per object.
     """
 
     field: str
     message: str
     cel: str
     check: Callable[[Any], bool]
+    explain: Callable[[Any], str] | None = None
 
 
 class ApiModel(BaseModel):
@@ -51,9 +54,12 @@ class ApiModel(BaseModel):
     def _check_rules(self) -> Self:
         for rule in type(self).rules:
             if not rule.check(self):
+                message = rule.message
+                if rule.explain is not None:
+                    message = f"{message}: {rule.explain(self)}"
                 raise PydanticCustomError(
                     CROSS_FIELD_ERROR,
                     "{field}: {message}",
-                    {"field": rule.field, "message": rule.message},
+                    {"field": rule.field, "message": message},
                 )
         return self

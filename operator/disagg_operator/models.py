@@ -8,6 +8,7 @@ all derive from these models.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, PlainValidator, StringConstraints, WithJsonSchema
@@ -44,29 +45,50 @@ ROUTER_REPLICAS_WITHOUT_STORE = (
 )
 """Why more than one router replica needs the shared store."""
 
-MANAGED_VLLM_FLAGS = (
-    "--model",
-    "--port",
-    "--tensor-parallel-size",
-    "-tp",
-    "--served-model-name",
-    "--revision",
-    "--dtype",
-    "--max-model-len",
-    "--max-num-seqs",
-    "--enable-prefix-caching",
-    "--no-enable-prefix-caching",
-    "--enable-prompt-tokens-details",
-    "--no-enable-prompt-tokens-details",
-    "--kv-transfer-config",
+_MODEL_FIELD = "set spec.model.{} instead"
+_ROLE_FIELD = "set {} (beside extraArgs) instead"
+_PREFIX_CACHING = _ROLE_FIELD.format("prefixCaching")
+_PROMPT_TOKENS_DETAILS = (
+    "drop it: the router's reuse counters read usage.prompt_tokens_details, which the operator "
+    "always enables"
 )
-"""vLLM flags the operator sets from spec fields; `extraArgs` may not repeat them."""
+MANAGED_VLLM_FLAGS = {
+    "--model": _MODEL_FIELD.format("name"),
+    "--served-model-name": _MODEL_FIELD.format("servedName"),
+    "--revision": _MODEL_FIELD.format("revision"),
+    "--dtype": _MODEL_FIELD.format("dtype"),
+    "--max-model-len": _MODEL_FIELD.format("maxModelLen"),
+    "--tensor-parallel-size": _ROLE_FIELD.format("tensorParallelSize"),
+    "-tp": _ROLE_FIELD.format("tensorParallelSize"),
+    "--max-num-seqs": _ROLE_FIELD.format("maxNumSeqs"),
+    "--enable-prefix-caching": _PREFIX_CACHING,
+    "--no-enable-prefix-caching": _PREFIX_CACHING,
+    "--disable-prefix-caching": _PREFIX_CACHING,
+    "--enable-prompt-tokens-details": _PROMPT_TOKENS_DETAILS,
+    "--no-enable-prompt-tokens-details": _PROMPT_TOKENS_DETAILS,
+    "--disable-prompt-tokens-details": _PROMPT_TOKENS_DETAILS,
+    "--port": f"drop it: vLLM listens on {VLLM_PORT}, the port the Services and the router use",
+    "--kv-transfer-config": "drop it: the operator renders the connector config from "
+    "spec.kvTransfer",
+}
+"""Every option string vLLM (0.32, 0.33) has for a flag the operator sets, with the fix for
+`extraArgs` that sets it (inverses included: 0.33 adds ``--disable-*`` to ``--no-enable-*``)."""
+
+MANAGED_FLAGS_MESSAGE = (
+    "must not set a vLLM flag the operator manages, in any spelling vLLM reads as one (_ for -, "
+    "an abbreviation, --flag=value, --flag.key): set the spec field instead (--model, "
+    "--served-model-name, --revision, --dtype, --max-model-len: spec.model; "
+    "--tensor-parallel-size/-tp, --max-num-seqs, --[no-]enable-/--disable-prefix-caching: this "
+    "role's tensorParallelSize, maxNumSeqs, prefixCaching) or drop it (--port, "
+    "--kv-transfer-config, --[no-]enable-/--disable-prompt-tokens-details: the operator fixes them)"
+)
+"""Why `extraArgs` may not set a managed flag: the API server's words, the models add which."""
 
 RESERVED_ENV = ("PYTHONHASHSEED", "VLLM_NIXL_SIDE_CHANNEL_HOST", "VLLM_NIXL_SIDE_CHANNEL_PORT")
 """Environment the operator owns: it must agree across prefill and decode pods."""
 
-API_KEY_FLAGS = tuple(f"--api{sep}{stem}" for sep in ("-", "_") for stem in ("k", "ke", "key"))
-"""Every spelling vLLM's parser reads as --api-key (``_`` for ``-``, unique prefixes)."""
+API_KEY_FLAGS = ("--api-key",)
+"""vLLM's API key option (0.32, 0.33), refused in `extraArgs` like the managed flags."""
 
 VLLM_API_KEY_ENV = "VLLM_API_KEY"
 """vLLM's default for --api-key (0.32, 0.33): the operator sets it from spec.auth.apiKeySecret."""
@@ -269,18 +291,72 @@ class ResourceOverrides(ApiModel):
 _RESERVED_ENV_CEL = "[" + ", ".join(f"'{name}'" for name in RESERVED_ENV) + "]"
 
 
-def _names_flag(arg: str, flags: tuple[str, ...]) -> bool:
-    """Whether ``arg`` is one of ``flags``, alone or as ``flag=value``."""
-    return any(arg == flag or arg.startswith(flag + "=") for flag in flags)
+def vllm_option_name(arg: str) -> str:
+    """The option name vLLM reads in ``arg``: cut at the first ``=`` and ``.``, ``_`` as ``-``.
+
+    ``--max_model_len=10`` and ``--kv-transfer-config.kv_role`` name ``--max-model-len`` and
+    ``--kv-transfer-config``.
+    """
+    return arg.split("=", 1)[0].split(".", 1)[0].replace("_", "-")
 
 
-def _no_flag_cel(flags: tuple[str, ...]) -> str:
-    """CEL twin of ``not any(_names_flag(arg, flags) for arg in extraArgs)``."""
+def flags_named(arg: str, flags: Iterable[str]) -> list[str]:
+    """The options among ``flags`` vLLM's parser may read ``arg`` as.
+
+    Its option name is the option or, as argparse's abbreviations, a prefix of it (``--max-model``,
+    ``-t`` for ``-tp``); a prefix of several options is one vLLM refuses as ambiguous. None of
+    vLLM's own options is a prefix of a managed one (tests/engine checks this), so no other option
+    is taken for one.
+    """
+    name = vllm_option_name(arg)
+    if len(name) < 2 or name == "--":
+        return []
+    return [flag for flag in flags if flag.startswith(name)]
+
+
+def _names_no_flag(args: list[str], flags: Iterable[str]) -> bool:
+    return not any(flags_named(arg, flags) for arg in args)
+
+
+def _no_flag_cel(flags: Iterable[str]) -> str:
+    """CEL twin of :func:`_names_no_flag` over ``extraArgs`` (Kubernetes' strings extension)."""
     listed = "[" + ", ".join(f"'{flag}'" for flag in flags) + "]"
     return (
-        f"!has(self.extraArgs) || self.extraArgs.all(a, !{listed}"
-        ".exists(f, a == f || a.startsWith(f + '=')))"
+        "!has(self.extraArgs) || self.extraArgs"
+        ".map(a, a.split('=')[0].split('.')[0].replace('_', '-'))"
+        f".all(n, n.size() < 2 || n == '--' || !{listed}.exists(f, f.startsWith(n)))"
     )
+
+
+def _first_named(args: list[str], flags: Iterable[str]) -> tuple[str, list[str]]:
+    """The first of ``args`` that names one of ``flags``, and the flags it names."""
+    return next((arg, named) for arg in args if (named := flags_named(arg, flags)))
+
+
+def _read_as(arg: str, flag: str) -> str:
+    """How vLLM's parser takes ``arg`` for ``flag``."""
+    if arg == flag:
+        return f"{arg} is set by the operator"
+    if vllm_option_name(arg) == flag:
+        return f"vLLM reads {arg} as {flag}"
+    return f"{arg} abbreviates {flag}"
+
+
+def _explain_managed(args: list[str]) -> str:
+    """Which extra arg names a managed flag, and what to do instead."""
+    arg, named = _first_named(args, MANAGED_VLLM_FLAGS)
+    if len(named) > 1:
+        return (
+            f"{arg} may abbreviate {', '.join(named)} (vLLM refuses an ambiguous abbreviation); "
+            "spell out the flag you mean"
+        )
+    return f"{_read_as(arg, named[0])}; {MANAGED_VLLM_FLAGS[named[0]]}"
+
+
+def _explain_api_key(args: list[str]) -> str:
+    """Which extra arg names --api-key."""
+    arg, named = _first_named(args, API_KEY_FLAGS)
+    return _read_as(arg, named[0])
 
 
 class RoleSpec(ApiModel):
@@ -295,17 +371,18 @@ class RoleSpec(ApiModel):
         ),
         CrossFieldRule(
             field="extraArgs",
-            message="must not repeat a flag the operator sets from the spec ("
-            + ", ".join(MANAGED_VLLM_FLAGS)
-            + "); use the matching spec field",
+            message=MANAGED_FLAGS_MESSAGE,
             cel=_no_flag_cel(MANAGED_VLLM_FLAGS),
-            check=lambda m: not any(_names_flag(arg, MANAGED_VLLM_FLAGS) for arg in m.extra_args),
+            check=lambda m: _names_no_flag(m.extra_args, MANAGED_VLLM_FLAGS),
+            explain=lambda m: _explain_managed(m.extra_args),
         ),
         CrossFieldRule(
             field="extraArgs",
-            message=f"must not set --api-key; {API_KEY_FIX}",
+            message="must not set --api-key in any spelling vLLM reads as it (_ for -, an "
+            f"abbreviation, --api-key=value); {API_KEY_FIX}",
             cel=_no_flag_cel(API_KEY_FLAGS),
-            check=lambda m: not any(_names_flag(arg, API_KEY_FLAGS) for arg in m.extra_args),
+            check=lambda m: _names_no_flag(m.extra_args, API_KEY_FLAGS),
+            explain=lambda m: _explain_api_key(m.extra_args),
         ),
         CrossFieldRule(
             field="env",

@@ -26,6 +26,7 @@ from disagg_operator.render import render
 from dmodel_samples import (
     EXAMPLES,
     INVALID_SPECS,
+    LEGIT_EXTRA_ARGS,
     InvalidSpec,
     load_example,
     minimal_spec,
@@ -70,6 +71,16 @@ def test_api_server_refuses_invalid_spec_naming_the_field(
     assert code != 0, out
     assert case.path in out, out
     assert case.says in out, out
+
+
+def test_api_server_accepts_vllm_flags_beside_the_managed_ones(
+    kubectl: kube.Kubectl, crd_namespace: str
+) -> None:
+    roles = {"extraArgs": LEGIT_EXTRA_ARGS}
+    code, out = _create(
+        kubectl, crd_namespace, resource(spec_with({"prefill": roles, "decode": roles}))
+    )
+    assert code == 0, out
 
 
 @pytest.mark.parametrize("name", ["x" * 45, "Upper"])

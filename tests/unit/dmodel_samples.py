@@ -77,6 +77,46 @@ def load_example(path: Path) -> dict[str, Any]:
     return data
 
 
+MANAGED_FLAG_SPELLINGS = [
+    ("max-model-len-underscored", "prefill", ["--max_model_len=10"]),
+    ("max-model-len-abbreviated", "decode", ["--max-model=10"]),
+    ("tp-underscored", "prefill", ["--tensor_parallel_size=2"]),
+    ("tp-short-abbreviated", "decode", ["-t", "2"]),
+    ("tp-short-with-value", "prefill", ["-tp=2"]),
+    ("kv-transfer-config-dotted", "decode", ["--kv-transfer-config.kv_role=kv_both"]),
+    ("kv-transfer-config-underscored", "prefill", ["--kv_transfer_config={}"]),
+    ("kv-transfer-config-abbreviated-dotted", "decode", ["--kv-transfer.kv_role", "kv_both"]),
+    ("disable-prefix-caching", "prefill", ["--disable-prefix-caching"]),
+    ("disable-prompt-tokens-details", "decode", ["--disable-prompt-tokens-details"]),
+    ("no-prefix-caching-abbreviated", "prefill", ["--no-enable-prefix"]),
+    ("served-model-name-underscored", "decode", ["--served_model_name", "x"]),
+    ("port-with-value", "prefill", ["--port=9000"]),
+    ("model-abbreviated-ambiguous", "decode", ["--mod", "x"]),
+]
+"""Extra args vLLM's parser reads as (or refuses as an ambiguous abbreviation of) a flag the
+operator manages, by spelling: ``_`` for ``-``, ``=value``, ``.key``, abbreviations, inverses."""
+
+
+LEGIT_EXTRA_ARGS = [
+    "--enforce-eager",
+    "--max-num-batched-tokens=8192",
+    "--max_num_batched_tokens=8192",
+    "--enable-chunked-prefill",
+    "--disable-chunked-prefill",
+    "--kv-cache-dtype=fp8",
+    "--gpu_memory_utilization=0.9",
+    "--disable-log-requests",
+    "--api-server-count=2",
+    "--model-impl=vllm",
+    "--model-loader-extra-config.x=1",
+    "--no-enable-prompt-embeds",
+    "--max-num-partial-prefills=2",
+    "-O3",
+    "-pp=1",
+]
+"""Extra args a managed flag's spelling rules must leave alone: vLLM options beside them."""
+
+
 @dataclass(frozen=True)
 class InvalidSpec:
     """A spec patch that must be refused, blaming `path` (and saying `says`, when set)."""
@@ -193,6 +233,16 @@ INVALID_SPECS = [
         "spec.decode.extraArgs",
         cross_field=True,
     ),
+    *(
+        InvalidSpec(
+            f"extra-args-spell-{name}",
+            {role: {"extraArgs": ["--enforce-eager", *args]}},
+            f"spec.{role}.extraArgs",
+            cross_field=True,
+            says="set the spec field instead",
+        )
+        for name, role, args in MANAGED_FLAG_SPELLINGS
+    ),
     InvalidSpec(
         "extra-args-set-api-key",
         {"prefill": {"extraArgs": ["--api-key", "secret"]}},
@@ -200,12 +250,15 @@ INVALID_SPECS = [
         cross_field=True,
         says="set spec.auth.apiKeySecret instead",
     ),
-    InvalidSpec(
-        "extra-args-set-api-key-by-another-spelling",
-        {"decode": {"extraArgs": ["--enforce-eager", "--api_ke=secret"]}},
-        "spec.decode.extraArgs",
-        cross_field=True,
-        says="set spec.auth.apiKeySecret instead",
+    *(
+        InvalidSpec(
+            f"extra-args-set-api-key-as-{arg.split('=')[0]}",
+            {"decode": {"extraArgs": ["--enforce-eager", arg]}},
+            "spec.decode.extraArgs",
+            cross_field=True,
+            says="set spec.auth.apiKeySecret instead",
+        )
+        for arg in ("--api_ke=secret", "--api-key=secret", "--api-k=secret", "--api_key.x=y")
     ),
     InvalidSpec(
         "env-sets-vllm-api-key",

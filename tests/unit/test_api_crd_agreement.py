@@ -26,7 +26,25 @@ def _role() -> st.SearchStrategy[dict[str, Any]]:
             "gpusPerPod": st.sampled_from([1, 4, 8, 9]),
             "replicas": st.sampled_from([-1, 0, 2]),
             "extraArgs": st.lists(
-                st.sampled_from(["--enforce-eager", "-tp", "--port=9", "--portal", "--dtype"]),
+                st.sampled_from(
+                    [
+                        "--enforce-eager",
+                        "-tp",
+                        "-t",
+                        "--port=9",
+                        "--portal",
+                        "--dtype",
+                        "--max_model=1",
+                        "--kv-transfer-config.kv_role",
+                        "--disable-prefix",
+                        "--api_k",
+                        "--api-server-count",
+                        "--max-num-batched-tokens",
+                        "--",
+                        "-",
+                        "=x",
+                    ]
+                ),
                 max_size=2,
             ),
             "env": st.lists(

@@ -5,7 +5,15 @@ from __future__ import annotations
 import pytest
 from disagg_operator.errors import SpecError
 from disagg_operator.loading import load_resource, load_spec
-from disagg_operator.models import GROUP, KIND, MAX_NAME_LENGTH, VERSION, DisaggregatedModelSpec
+from disagg_operator.models import (
+    GROUP,
+    KIND,
+    MANAGED_FLAGS_MESSAGE,
+    MAX_NAME_LENGTH,
+    VERSION,
+    DisaggregatedModelSpec,
+    vllm_option_name,
+)
 from dmodel_samples import INVALID_SPECS, InvalidSpec, minimal_spec, resource, spec_with
 
 
@@ -136,3 +144,58 @@ def test_resource_checks_api_version_and_kind() -> None:
         load_resource(obj)
     paths = {problem.split(": ", 1)[0] for problem in caught.value.problems}
     assert paths == {"apiVersion", "kind"}
+
+
+@pytest.mark.parametrize(
+    ("args", "explained"),
+    [
+        (
+            ["--max_model_len=10"],
+            "vLLM reads --max_model_len=10 as --max-model-len; set spec.model.maxModelLen instead",
+        ),
+        (["--max-model=10"], "--max-model=10 abbreviates --max-model-len; set spec.model"),
+        (["-t", "2"], "-t abbreviates -tp; set tensorParallelSize (beside extraArgs) instead"),
+        (
+            ["--kv-transfer-config.kv_role=kv_both"],
+            "vLLM reads --kv-transfer-config.kv_role=kv_both as --kv-transfer-config; drop it: "
+            "the operator renders the connector config from spec.kvTransfer",
+        ),
+        (["--disable-prefix-caching"], "is set by the operator; set prefixCaching"),
+        (["--port", "9000"], "--port is set by the operator; drop it: vLLM listens on 8000"),
+        (["--mod", "x"], "--mod abbreviates --model; set spec.model.name instead"),
+        (
+            ["--m"],
+            "--m may abbreviate --model, --max-model-len, --max-num-seqs (vLLM refuses",
+        ),
+    ],
+)
+def test_managed_flag_refusal_names_the_arg_and_the_spec_field(
+    args: list[str], explained: str
+) -> None:
+    with pytest.raises(SpecError) as caught:
+        load_spec(spec_with({"decode": {"extraArgs": ["--enforce-eager", *args]}}))
+    (problem,) = caught.value.problems
+    assert problem.startswith(f"spec.decode.extraArgs: {MANAGED_FLAGS_MESSAGE}: "), problem
+    assert explained in problem, problem
+
+
+def test_api_key_refusal_names_the_arg() -> None:
+    with pytest.raises(SpecError) as caught:
+        load_spec(spec_with({"prefill": {"extraArgs": ["--api_ke=secret"]}}))
+    (problem,) = caught.value.problems
+    assert problem.startswith("spec.prefill.extraArgs: must not set --api-key"), problem
+    assert problem.endswith(": --api_ke=secret abbreviates --api-key"), problem
+
+
+@pytest.mark.parametrize(
+    ("arg", "name"),
+    [
+        ("--max_model_len=10", "--max-model-len"),
+        ("--kv_transfer_config.kv_role=a.b", "--kv-transfer-config"),
+        ("--a=b.c", "--a"),
+        ("-tp=2", "-tp"),
+        ("value", "value"),
+    ],
+)
+def test_vllm_option_name_cuts_at_equals_and_dot_and_reads_underscores(arg: str, name: str) -> None:
+    assert vllm_option_name(arg) == name

@@ -16,6 +16,7 @@ from disagg_operator.loading import load_spec
 from dmodel_samples import (
     EXAMPLES,
     INVALID_SPECS,
+    LEGIT_EXTRA_ARGS,
     InvalidSpec,
     load_example,
     minimal_spec,
@@ -186,6 +187,7 @@ def test_cel_rule_refuses_what_the_model_validator_refuses(case: InvalidSpec) ->
         {"decode": {"tensorParallelSize": 4, "gpusPerPod": 4}},
         {"prefill": {"extraArgs": ["--enforce-eager", "--portal=x"], "podLabels": {"team": "a"}}},
         {"decode": {"extraArgs": ["--api-server-count", "2"]}},
+        {"prefill": {"extraArgs": LEGIT_EXTRA_ARGS}, "decode": {"extraArgs": LEGIT_EXTRA_ARGS}},
         {"auth": {"apiKeySecret": {"name": "api-key"}}},
         {"model": {"cache": {"hostPath": {"path": "/data"}}}},
     ],
