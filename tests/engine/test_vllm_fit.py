@@ -8,7 +8,8 @@ sources. It also parses every example's rendered server command with that vLLM's
 argument parser (``vllm_cli_fit.py``; vLLM's CPU platform stands in for the GPU it lacks). The
 same checks run against the engine venv's vLLM, which the other engine tests run. Below them,
 the checks are shown to catch each kind of fault: purpose-built broken subclasses, bogus,
-abbreviated and deprecated flags, a config that does not survive parsing, a lax launcher.
+abbreviated and deprecated flags, a config that does not survive parsing, a lax launcher, an
+operator ``extraArgs`` check that is lax, over-eager or misses a managed flag's option.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from vllm_cli_fit import (
     PLATFORM_ENV,
     ServeParser,
     command_problems,
+    managed_flag_problems,
     refusal_problems,
     rendered_servers,
     serve_parser,
@@ -194,3 +196,32 @@ def test_cli_check_names_config_spellings_a_launcher_lets_through() -> None:
         flagged
     )
     assert not any(spelling.startswith("--kv-transfer-config ") for spelling in flagged)
+
+
+def test_managed_flag_check_names_each_disagreement_with_the_parser() -> None:
+    parser = FlexibleArgumentParser()
+    parser.add_argument("--model")
+    parser.add_argument("--max-model-len", "--context-len", type=int)
+    parser.add_argument("--max-model", type=int)
+    problems = managed_flag_problems(ServeParser(parser, lambda namespace: None, "x"))
+    assert {
+        "vLLM x's --context-len sets max_model_len, which the operator manages; its flag table "
+        "lacks it",
+        "vLLM x reads `--context_len=10` as --max-model-len; the operator lets it through in "
+        "extraArgs",
+        "vLLM x reads `--cont 10` as --max-model-len; the operator lets it through in extraArgs",
+        "the operator refuses --max-model in extraArgs, an option of vLLM x that sets no managed "
+        "flag",
+    } <= set(problems)
+    assert not any("`--max_model_len" in problem for problem in problems)
+
+
+def test_managed_flag_check_names_spellings_a_lax_operator_lets_through() -> None:
+    serve = serve_parser()
+    problems = managed_flag_problems(serve, refuses=lambda args: args[0] == "--max-model-len")
+    lets_through = "; the operator lets it through in extraArgs"
+    assert {
+        f"vLLM {serve.version} reads `--max-model 10` as --max-model-len{lets_through}",
+        f"vLLM {serve.version} reads `-t 2` as --tensor-parallel-size{lets_through}",
+    } <= set(problems)
+    assert not any("`--max-model-len 10`" in problem for problem in problems)

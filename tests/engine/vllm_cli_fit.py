@@ -9,7 +9,9 @@ are parsed by the parser the launcher's server module builds (found by following
 ``main`` does. Each flag must be one of the parser's own option strings (an abbreviation that
 argparse takes today becomes an error or another flag once vLLM adds a flag) and not
 deprecated, and the config vLLM ends with must be the rendered one. The launcher's refusal of
-``--kv-transfer-config`` after ``--`` is checked against every spelling the parser routes there.
+``--kv-transfer-config`` after ``--`` is checked against every spelling the parser routes there,
+and the operator's ``extraArgs`` check against the parser for every flag it manages: each
+spelling vLLM reads as one is refused, every other vLLM option accepted.
 
 Platform: building the parser builds default configs, and ``DeviceConfig`` wants a platform
 with a device type; the serving image's CUDA build finds no GPU here ("Failed to infer device
@@ -324,7 +326,99 @@ def refusal_problems(
     ]
 
 
+MANAGED_SAMPLE_VALUES = {
+    "model": "x",
+    "served_model_name": "x",
+    "revision": "x",
+    "dtype": "half",
+    "max_model_len": "10",
+    "tensor_parallel_size": "2",
+    "max_num_seqs": "3",
+    "port": "9",
+    "kv_transfer_config": json.dumps(dict([OTHER_KV_ROLE])),
+    "api_key": "x",
+}
+"""A value, unlike the server's default, for each destination of a flag the operator manages."""
+
+
+def operator_refuses(vllm_args: Sequence[str]) -> bool:
+    """Whether the operator refuses ``vllm_args`` as a role's ``extraArgs``."""
+    from disagg_operator.models import RoleSpec
+    from pydantic import ValidationError
+
+    try:
+        RoleSpec.model_validate({"extraArgs": list(vllm_args)})
+    except ValidationError:
+        return True
+    return False
+
+
+def managed_spellings(serve: ServeParser, action: argparse.Action) -> list[list[str]]:
+    """Arguments vLLM's parser reads into ``action``'s destination (a flag the operator manages).
+
+    Candidates: each option string, with underscores, with ``=``, as a dotted key (the connector
+    config) and each prefix (argparse abbreviations); kept where vLLM sets the destination.
+    """
+    value = [] if action.nargs == 0 else [MANAGED_SAMPLE_VALUES[action.dest]]
+    candidates: list[list[str]] = []
+    for option in action.option_strings:
+        underscored = option[:2] + option[2:].replace("-", "_")
+        candidates += [[option, *value], [underscored, *value]]
+        candidates += [[f"{spelling}={value[0]}"] for spelling in (option, underscored) if value]
+        candidates += [[option[:end], *value] for end in range(2, len(option))]
+    if action.dest == "kv_transfer_config":
+        key, kv_role = OTHER_KV_ROLE
+        full = action.option_strings[0]
+        candidates += [[f"{name}.{key}", kv_role] for name in (full, full[:-3])]
+    default = getattr(serve.parse(["--model", "m"]), action.dest)
+    spellings = []
+    for args in map(list, dict.fromkeys(map(tuple, candidates))):
+        with contextlib.suppress(Rejected):
+            if getattr(serve.parse(["--model", "m", *args]), action.dest) != default:
+                spellings.append(args)
+    return spellings
+
+
+def managed_flag_problems(
+    serve: ServeParser, refuses: Callable[[Sequence[str]], bool] = operator_refuses
+) -> list[str]:
+    """Where the operator's ``extraArgs`` check and vLLM's parser disagree on managed flags.
+
+    Every spelling vLLM reads as a managed flag must be refused, every other option of vLLM's
+    accepted (with underscores too), and every option string of a managed flag's destination
+    listed in the operator's table (a new inverse such as 0.33's ``--disable-*``).
+    """
+    from disagg_operator.models import API_KEY_FLAGS, MANAGED_VLLM_FLAGS
+
+    table = [*MANAGED_VLLM_FLAGS, *API_KEY_FLAGS]
+    managed = {action.dest: action for flag in table if (action := serve.option(flag))}
+    problems = [
+        f"vLLM {serve.version}'s {option} sets {action.dest}, which the operator manages; its "
+        "flag table lacks it"
+        for action in managed.values()
+        for option in action.option_strings
+        if option not in table
+    ]
+    for action in managed.values():
+        problems += [
+            f"vLLM {serve.version} reads `{' '.join(args)}` as {action.option_strings[0]}; the "
+            "operator lets it through in extraArgs"
+            for args in managed_spellings(serve, action)
+            if not refuses(args)
+        ]
+    for option, action in serve.parser._option_string_actions.items():
+        if action.dest in managed:
+            continue
+        problems += [
+            f"the operator refuses {spelling} in extraArgs, an option of vLLM {serve.version} "
+            "that sets no managed flag"
+            for spelling in dict.fromkeys([option, option[:2] + option[2:].replace("-", "_")])
+            if refuses([spelling])
+        ]
+    return problems
+
+
 def cli_problems() -> list[str]:
     """Every command-line check against the vLLM this interpreter imports."""
     serve = serve_parser()
-    return rendered_command_problems(serve) + refusal_problems(serve)
+    return rendered_command_problems(serve) + refusal_problems(serve) + managed_flag_problems(serve)
