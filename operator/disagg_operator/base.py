@@ -3,7 +3,7 @@
 A :class:`CrossFieldRule` holds one rule twice, as a Python predicate (checked by the model's
 validator) and as a CEL expression (emitted by :mod:`disagg_operator.crd_gen` into the CRD's
 ``x-kubernetes-validations``), with one message, so the model and the API server refuse the same
-specs with the same words.
+specs with the same words (the models may add which item broke the rule).
 """
 
 from __future__ import annotations
