@@ -67,6 +67,11 @@ ROUTER_RULES: list[dict[str, list[str]]] = [
     }
 ]
 """The router's Role: it discovers prefill and decode pods from their EndpointSlices."""
+MAX_UNAVAILABLE = 1
+"""Per role, voluntary evictions (node drains, Karpenter consolidation) take one pod at a time;
+with one replica that pod can still go (a `minAvailable` budget would block every drain)."""
+UNHEALTHY_POD_EVICTION_POLICY = "AlwaysAllow"
+"""A pod that is not Ready (crash-looping, still loading weights) never blocks a drain."""
 
 
 def _to_yaml(value: Any) -> str:
@@ -219,6 +224,22 @@ def _engine_resources(spec: DisaggregatedModelSpec, role: RoleSpec) -> dict[str,
     return _resources(ENGINE_REQUESTS, limits, role.resources)
 
 
+def _disruption_budget(name: str, namespace: str, component: Component) -> Manifest:
+    """The PodDisruptionBudget of one component's pods (its workload's own selector).
+
+    Rendered whatever the replicas: with none it selects no pod and allows everything.
+    """
+    return _render(
+        "shared/poddisruptionbudget.yaml.j2",
+        name=child_name(name, component),
+        namespace=namespace,
+        labels=labels(name, component),
+        selector=selector_labels(name, component),
+        max_unavailable=MAX_UNAVAILABLE,
+        unhealthy_pod_eviction_policy=UNHEALTHY_POD_EVICTION_POLICY,
+    )
+
+
 def _engine(
     name: str, namespace: str, spec: DisaggregatedModelSpec, component: Component, hash_: str
 ) -> list[Manifest]:
@@ -274,7 +295,11 @@ def _engine(
         readiness_probe=_http_probe(period=5, failures=3),
         liveness_probe=_http_probe(period=10, failures=6),
     )
-    return [_render("engine/service.yaml.j2", **common), statefulset]
+    return [
+        _render("engine/service.yaml.j2", **common),
+        _disruption_budget(name, namespace, component),
+        statefulset,
+    ]
 
 
 def _k8s_literal(value: str) -> str:
@@ -358,6 +383,7 @@ def _router(name: str, namespace: str, spec: DisaggregatedModelSpec) -> list[Man
             port=router.port,
             service_type=router.service_type,
         ),
+        _disruption_budget(name, namespace, Component.ROUTER),
         deployment,
     ]
 

@@ -44,6 +44,7 @@ STATEFUL_SETS = ApiResource("apps", "v1", "statefulsets", "StatefulSet")
 DEPLOYMENTS = ApiResource("apps", "v1", "deployments", "Deployment")
 ROLES = ApiResource("rbac.authorization.k8s.io", "v1", "roles", "Role")
 ROLE_BINDINGS = ApiResource("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding")
+POD_DISRUPTION_BUDGETS = ApiResource("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget")
 PODS = ApiResource("", "v1", "pods", "Pod")
 SECRETS = ApiResource("", "v1", "secrets", "Secret")
 EVENTS = ApiResource("", "v1", "events", "Event")
@@ -56,6 +57,7 @@ CHILD_RESOURCES = (
     SERVICE_ACCOUNTS,
     ROLES,
     ROLE_BINDINGS,
+    POD_DISRUPTION_BUDGETS,
     STATEFUL_SETS,
     DEPLOYMENTS,
 )

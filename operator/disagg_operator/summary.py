@@ -65,9 +65,18 @@ def _config_map(manifest: Manifest) -> str:
     return "; ".join(facts)
 
 
+def _disruption_budget(manifest: Manifest) -> str:
+    spec = manifest["spec"]
+    return (
+        f"maxUnavailable={spec['maxUnavailable']} "
+        f"unhealthyPodEvictionPolicy={spec['unhealthyPodEvictionPolicy']}"
+    )
+
+
 _FACTS: dict[str, Callable[[Manifest], str]] = {
     "StatefulSet": _statefulset,
     "Deployment": _deployment,
+    "PodDisruptionBudget": _disruption_budget,
     "Service": _service,
     "ConfigMap": _config_map,
 }

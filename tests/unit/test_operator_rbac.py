@@ -1,11 +1,14 @@
-"""The operator's RBAC rules: no wildcards, every child kind applied, no delete, the chart's
-copy current, and every permission the operator grants a router held by the operator."""
+"""The operator's RBAC rules: no wildcards, every kind `render` produces applied and watched
+(nothing more: no update, no delete), the chart's copy current, and every permission the
+operator grants a router held by the operator."""
 
 from __future__ import annotations
 
+from disagg_operator.loading import load_spec
 from disagg_operator.rbac import RULES_PATH, namespaced_rules, peering_rules, rules_yaml
-from disagg_operator.render import ROUTER_RULES
-from disagg_operator.resources import CHILD_RESOURCES
+from disagg_operator.render import ROUTER_RULES, render
+from disagg_operator.resources import CHILD_RESOURCES, resource_of
+from dmodel_samples import spec_with
 
 
 def _all_rules() -> list[dict[str, list[str]]]:
@@ -30,10 +33,21 @@ def test_no_wildcards_and_no_delete() -> None:
         assert "delete" not in rule["verbs"] and "deletecollection" not in rule["verbs"], rule
 
 
-def test_every_child_kind_can_be_applied_and_watched() -> None:
+def test_every_rendered_kind_is_a_child_kind() -> None:
+    spec = load_spec(spec_with({"router": {"redis": {"urlSecret": {"name": "valkey"}}}}))
+    rendered = {resource_of(m) for m in render("m", "ml", spec)}
+    assert rendered == set(CHILD_RESOURCES)
+
+
+def test_every_child_kind_can_be_applied_and_watched_and_nothing_more() -> None:
     for resource in CHILD_RESOURCES:
-        for verb in ("get", "list", "watch", "create", "patch"):
-            assert _grants(resource.group, resource.plural, verb), (resource.plural, verb)
+        verbs = {
+            verb
+            for r in namespaced_rules()
+            if resource.group in r["apiGroups"] and resource.plural in r["resources"]
+            for verb in r["verbs"]
+        }
+        assert verbs == {"get", "list", "watch", "create", "patch"}, resource.plural
 
 
 def test_secrets_are_only_read_by_name() -> None:

@@ -540,6 +540,54 @@ def test_router_resources_and_rbac() -> None:
     assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == f"{NAME}-router"
 
 
+# ---- disruption budgets --------------------------------------------------------------------
+
+WORKLOADS = {"prefill": "StatefulSet", "decode": "StatefulSet", "router": "Deployment"}
+
+
+def _pod_labels(manifests: dict[str, Manifest]) -> dict[str, dict[str, str]]:
+    """Each workload's pod template labels, keyed `Kind/name`."""
+    return {
+        key: m["spec"]["template"]["metadata"]["labels"]
+        for key, m in manifests.items()
+        if "template" in m.get("spec", {})
+    }
+
+
+def test_each_component_has_a_budget_selecting_exactly_its_own_pods() -> None:
+    patch = {"prefill": {"podLabels": {"team": "a"}}, "decode": {"podLabels": {"team": "a"}}}
+    manifests = objects(patch)
+    templates = {**_pod_labels(manifests), **_pod_labels(objects(patch, name="other"))}
+    for component, kind in WORKLOADS.items():
+        budget = manifests[f"PodDisruptionBudget/{NAME}-{component}"]
+        workload = manifests[f"{kind}/{NAME}-{component}"]
+        selector = workload["spec"]["selector"]
+        assert budget["spec"] == {
+            "maxUnavailable": 1,
+            "unhealthyPodEvictionPolicy": "AlwaysAllow",
+            "selector": selector,
+        }
+        assert budget["metadata"]["labels"] == workload["metadata"]["labels"]
+        selected = [
+            key
+            for key, labels in templates.items()
+            if selector["matchLabels"].items() <= labels.items()
+        ]
+        assert selected == [f"{kind}/{NAME}-{component}"], component
+
+
+def test_budgets_do_not_depend_on_replicas_and_stay_at_zero() -> None:
+    zero = {
+        "prefill": {"replicas": 0},
+        "decode": {"replicas": 4},
+        "router": {"replicas": 0},
+    }
+    before, after = objects(), objects(zero)
+    for component in WORKLOADS:
+        key = f"PodDisruptionBudget/{NAME}-{component}"
+        assert after[key] == before[key]
+
+
 # ---- names, labels, validity ---------------------------------------------------------------
 
 
@@ -547,13 +595,16 @@ def test_children_and_order() -> None:
     assert list(objects()) == [
         f"ConfigMap/{NAME}-connector",
         f"Service/{NAME}-prefill",
+        f"PodDisruptionBudget/{NAME}-prefill",
         f"StatefulSet/{NAME}-prefill",
         f"Service/{NAME}-decode",
+        f"PodDisruptionBudget/{NAME}-decode",
         f"StatefulSet/{NAME}-decode",
         f"ServiceAccount/{NAME}-router",
         f"Role/{NAME}-router",
         f"RoleBinding/{NAME}-router",
         f"Service/{NAME}-router",
+        f"PodDisruptionBudget/{NAME}-router",
         f"Deployment/{NAME}-router",
     ]
 
@@ -602,7 +653,7 @@ def _validate_all(manifests: list[Manifest]) -> None:
 def test_example_manifests_validate_against_kubernetes_schema(path: Any) -> None:
     model = load_resource(load_example(path))
     manifests = render(model.metadata.name, model.metadata.namespace, model.spec)
-    assert len(manifests) == 10
+    assert len(manifests) == 13
     _validate_all(manifests)
 
 

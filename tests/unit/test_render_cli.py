@@ -28,13 +28,19 @@ def test_render_prints_every_child_as_yaml(path: Path, capsys: pytest.CaptureFix
     assert kinds.count("StatefulSet") == 2
     assert kinds.count("ConfigMap") == 1
     assert kinds.count("Deployment") == 1
+    assert kinds.count("PodDisruptionBudget") == 3
 
 
 def test_summary_has_one_line_per_object(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["render", "-f", str(REPO / "examples/qwen3-32b-p5en.yaml"), "--summary"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split() == ["KIND", "NAME", "FACTS"]
-    assert len(lines) == 11
+    assert len(lines) == 14
+    budgets = [line for line in lines if line.startswith("PodDisruptionBudget")]
+    assert [line.split()[1] for line in budgets] == [
+        f"inference/qwen3-32b-{component}" for component in ("prefill", "decode", "router")
+    ]
+    assert all("maxUnavailable=1 unhealthyPodEvictionPolicy=AlwaysAllow" in b for b in budgets)
     prefill = next(line for line in lines if line.startswith("StatefulSet") and "prefill" in line)
     assert "tp=8" in prefill and "gpus=8" in prefill and "prefixCaching=off" in prefill
     router = next(line for line in lines if line.startswith("Deployment"))
