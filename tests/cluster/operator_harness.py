@@ -6,6 +6,8 @@
   kubeconfig pointing at it, so every request it sends (kopf's and its own) is counted on the
   wire, then forwarded to the real API server with the cluster's credentials.
 - `free_port` and `scrape`: run the operator with `--metrics-port` and read its /metrics.
+- `CHILD_KINDS`, `children` and `rendered_children`: what the operator made for a model, and
+  what `render` says it should make (both from the operator's own tables, never a copied list).
 """
 
 from __future__ import annotations
@@ -29,6 +31,9 @@ import aiohttp
 import kube
 import yaml
 from aiohttp import web
+from disagg_operator.loading import load_resource
+from disagg_operator.render import render
+from disagg_operator.resources import CHILD_RESOURCES
 from kubernetes import client, config
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -37,6 +42,8 @@ WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 HOP_HEADERS = frozenset(
     {"host", "content-length", "transfer-encoding", "connection", "accept-encoding", "keep-alive"}
 )
+CHILD_KINDS = ",".join(f"{r.plural}.{r.group}" if r.group else r.plural for r in CHILD_RESOURCES)
+"""Every kind the operator applies, as one `kubectl get` argument."""
 
 
 class OperatorProcess:
@@ -218,6 +225,27 @@ def dmodel(kubectl: kube.Kubectl, namespace: str, name: str) -> dict[str, Any]:
     """The stored DisaggregatedModel."""
     obj: dict[str, Any] = kubectl.json("-n", namespace, "get", "dmodel", name)
     return obj
+
+
+def children(
+    kubectl: kube.Kubectl, namespace: str, name: str, *args: str, kinds: str = CHILD_KINDS
+) -> list[dict[str, Any]]:
+    """The live objects of `kinds` labelled as model `name`'s (`args`: more kubectl flags)."""
+    selector = f"app.kubernetes.io/instance={name}"
+    items: list[dict[str, Any]] = kubectl.json(
+        "-n", namespace, "get", kinds, "-l", selector, *args
+    )["items"]
+    return items
+
+
+def rendered_children(model: dict[str, Any]) -> list[str]:
+    """`Kind/name` of every child `render` makes of a DisaggregatedModel manifest, sorted."""
+    resource = load_resource(model)
+    meta = resource.metadata
+    return sorted(
+        f"{m['kind']}/{m['metadata']['name']}"
+        for m in render(meta.name, meta.namespace, resource.spec)
+    )
 
 
 def condition(obj: dict[str, Any], kind: str) -> dict[str, Any]:

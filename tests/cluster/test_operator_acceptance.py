@@ -19,7 +19,7 @@ from disagg_operator.children import APPLIED_HASH_ANNOTATION
 from disagg_operator.kubeapi import FIELD_MANAGER
 from disagg_operator.rbac import namespaced_rules, peering_rules
 from operator_fixtures import REPO, StartOperator, crds, start_operator  # noqa: F401
-from operator_harness import condition, wait_ready
+from operator_harness import children, condition, rendered_children, wait_ready
 
 EXAMPLE = REPO / "examples" / "qwen3-32b-p5en.yaml"
 OPERATOR_SA = "disagg-operator"
@@ -132,26 +132,11 @@ def test_example_becomes_ready_on_p5en_with_least_privilege(
     model = wait_ready(kubectl, namespace, name, timeout_s=240)
     uid = model["metadata"]["uid"]
 
-    children = kubectl.json(
-        "-n", namespace, "get", "statefulsets,services,configmaps,deployments,serviceaccounts,"
-        "roles,rolebindings", "-l", f"app.kubernetes.io/instance={name}", "--show-managed-fields",
-    )["items"]  # fmt: skip
-    found = sorted((c["kind"], c["metadata"]["name"]) for c in children)
-    assert found == sorted(
-        [
-            ("ConfigMap", f"{name}-connector"),
-            ("Deployment", f"{name}-router"),
-            ("Role", f"{name}-router"),
-            ("RoleBinding", f"{name}-router"),
-            ("Service", f"{name}-decode"),
-            ("Service", f"{name}-prefill"),
-            ("Service", f"{name}-router"),
-            ("ServiceAccount", f"{name}-router"),
-            ("StatefulSet", f"{name}-decode"),
-            ("StatefulSet", f"{name}-prefill"),
-        ]
-    )
-    for child in children:
+    live = children(kubectl, namespace, name, "--show-managed-fields")
+    found = sorted(f"{c['kind']}/{c['metadata']['name']}" for c in live)
+    assert found == rendered_children(example)
+    assert f"PodDisruptionBudget/{name}-decode" in found
+    for child in live:
         meta = child["metadata"]
         assert [(r["uid"], r["controller"]) for r in meta["ownerReferences"]] == [(uid, True)]
         assert APPLIED_HASH_ANNOTATION in meta["annotations"]
@@ -171,7 +156,7 @@ def test_example_becomes_ready_on_p5en_with_least_privilege(
         assert node["metadata"]["labels"]["node.kubernetes.io/instance-type"] == "p5en.48xlarge"
 
     status = model["status"]
-    config_map = next(c for c in children if c["kind"] == "ConfigMap")
+    config_map = next(c for c in live if c["kind"] == "ConfigMap")
     assert (
         status["connectorConfigHash"]
         == config_map["metadata"]["annotations"]["disagg.dev/connector-config-hash"]
@@ -208,4 +193,6 @@ def test_example_becomes_ready_on_p5en_with_least_privilege(
 
     assert can("patch", "statefulsets.apps") and can("get", "secrets")
     assert not can("list", "secrets") and not can("delete", "statefulsets.apps")
+    assert can("patch", "poddisruptionbudgets.policy")
+    assert not can("delete", "poddisruptionbudgets.policy")
     assert "Forbidden" not in operator.log() and "forbidden" not in operator.log(), operator.log()

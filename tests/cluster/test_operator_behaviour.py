@@ -1,13 +1,15 @@
 """What users expect of an operator, each checked on the real control plane with the real
 operator process: no writes in steady state, drift repair, config rollouts that touch only what
-changed, per-role scaling, Degraded-then-recovered on a missing Secret, and invalid objects
-that never reach the operator.
+changed, per-role scaling, node drains that evict one pod per component at a time,
+Degraded-then-recovered on a missing Secret, and invalid objects that never reach the operator.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +18,8 @@ import pytest
 from disagg_operator.connector_config import config_hash, config_map_data
 from disagg_operator.loading import load_spec
 from disagg_operator.names import CONFIG_HASH_ANNOTATION
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 from operator_fixtures import (  # noqa: F401
     INVALID_SPECS,
     StartOperator,
@@ -26,12 +30,15 @@ from operator_fixtures import (  # noqa: F401
     start_operator,
 )
 from operator_harness import (
+    CHILD_KINDS,
     ApiProxy,
     Samples,
+    children,
     condition,
     dmodel,
     free_port,
     is_peering,
+    rendered_children,
     sample,
     scrape,
     total,
@@ -94,18 +101,9 @@ def test_steady_state_issues_no_writes(
         mark = time.monotonic()
         second = start_operator(kubeconfig_path=proxy.kubeconfig)
         second.wait_log("Resuming is processed")
-        for kind in (
-            "statefulsets",
-            "services",
-            "configmaps",
-            "deployments",
-            "serviceaccounts",
-            "roles",
-            "rolebindings",
-            "pods",
-        ):
-            kubectl("-n", namespace, "label", kind, "-l", f"app.kubernetes.io/instance={NAME}",
-                    "example.com/poked=yes", "--overwrite")  # fmt: skip
+        selector = f"app.kubernetes.io/instance={NAME}"
+        kubectl("-n", namespace, "label", f"{CHILD_KINDS},pods", "-l", selector,
+                "example.com/poked=yes", "--overwrite")  # fmt: skip
         time.sleep(STEADY_WINDOW_S)
         writes = proxy.writes(since=mark)
         reads = [r for r in proxy.requests if r.at >= mark and r.method == "GET"]
@@ -136,28 +134,34 @@ def test_drift_is_repaired(
     kubectl(*ns, "patch", "configmap", f"{NAME}-connector", "--type=merge",
             "-p", json.dumps({"data": {"prefill.json": "{}"}}))  # fmt: skip
     kubectl(*ns, "delete", "role", f"{NAME}-router")
+    # maxUnavailable 0 is how a hand edit would block every node drain.
+    kubectl(*ns, "patch", "poddisruptionbudget", f"{NAME}-decode", "--type=merge",
+            "-p", json.dumps({"spec": {"maxUnavailable": 0}}))  # fmt: skip
 
     def repaired() -> bool:
         sts = _get(kubectl, namespace, "statefulset", f"{NAME}-prefill")
         svc = kubectl.run(*ns, "get", "service", f"{NAME}-decode", "-o", "json", check=False)
         role = kubectl.run(*ns, "get", "role", f"{NAME}-router", check=False)
         data = _get(kubectl, namespace, "configmap", f"{NAME}-connector")["data"]
+        budget = _get(kubectl, namespace, "poddisruptionbudget", f"{NAME}-decode")
         return (
             sts["spec"]["replicas"] == 1
             and svc.returncode == 0
             and json.loads(svc.stdout)["metadata"]["uid"] != service_uid
             and role.returncode == 0
             and data == config
+            and budget["spec"]["maxUnavailable"] == 1
         )
 
     kube.wait_for(repaired, what="every hand edit undone", timeout_s=60)
     wait_ready(kubectl, namespace, NAME)
     repairs = " ".join(e["message"] for e in _events(kubectl, namespace, "DriftRepaired"))
     assert f"StatefulSet {NAME}-prefill" in repairs and f"ConfigMap {NAME}-connector" in repairs
+    assert f"PodDisruptionBudget {NAME}-decode (.spec.maxUnavailable)" in repairs
     recreated = " ".join(e["message"] for e in _events(kubectl, namespace, "Created"))
     assert f"Service {NAME}-decode" in recreated and f"Role {NAME}-router" in recreated
 
-    # The same story in the operator's /metrics: 10 children created, then the deleted Service
+    # The same story in the operator's /metrics: every child created, then the deleted Service
     # and Role created again; the hand edits repaired; every pass ended without an error.
     def counted_ready() -> Samples | None:
         samples = scrape(metrics_port)
@@ -165,11 +169,13 @@ def test_drift_is_repaired(
 
     metrics = kube.wait_for(counted_ready, what="the model counted Ready in /metrics")
     applies = "disagg_operator_child_applies_total"
-    assert total(metrics, applies, action="create") == 12, metrics
+    created = len(rendered_children(small_model(NAME, namespace))) + 2
+    assert total(metrics, applies, action="create") == created, metrics
     assert sample(metrics, applies, kind="Service", action="create") == 4
     assert sample(metrics, applies, kind="Role", action="create") == 2
     assert sample(metrics, applies, kind="StatefulSet", action="repair") >= 1
     assert sample(metrics, applies, kind="ConfigMap", action="repair") >= 1
+    assert sample(metrics, applies, kind="PodDisruptionBudget", action="repair") >= 1
     assert total(metrics, applies, action="update") == 0
     passes = "disagg_operator_reconcile_passes_total"
     assert sample(metrics, passes, result="applied") >= 2
@@ -283,6 +289,71 @@ def test_scaling_one_role_scales_only_that_statefulset(
         assert after["spec"] == before["spec"], kind
 
 
+@contextmanager
+def _cordoned(kubectl: kube.Kubectl, node: str) -> Iterator[None]:
+    """The first step of a node drain: nothing new is scheduled on `node` (undone on exit)."""
+    kubectl("cordon", node)
+    try:
+        yield
+    finally:
+        kubectl("uncordon", node)
+
+
+def _evict(core: client.CoreV1Api, namespace: str, pod: str) -> None:
+    """What a node drain (kubectl drain, EKS node group upgrades, Karpenter) asks per pod."""
+    eviction = client.V1Eviction(metadata=client.V1ObjectMeta(name=pod, namespace=namespace))
+    core.create_namespaced_pod_eviction(pod, namespace, eviction)
+
+
+def test_drains_evict_one_pod_per_component_at_a_time(
+    kubectl: kube.Kubectl,
+    namespace: str,
+    start_operator: StartOperator,  # noqa: F811
+    k8s_api: client.ApiClient,
+) -> None:
+    # Prefill and decode on one node, the node a drain empties. kwok makes a replacement pod
+    # Ready within milliseconds where vLLM takes minutes: the cordon keeps it Pending instead.
+    node = kubectl("get", "nodes", "-l", "nvidia.com/gpu.present=true",
+                   "-o", "jsonpath={.items[0].metadata.name}")  # fmt: skip
+    on_node = {"nodeSelector": {"kubernetes.io/hostname": node}}
+    start_operator()
+    _ready_model(kubectl, namespace, prefill=on_node, decode={**on_node, "replicas": 2})
+    replicas = {"prefill": 1, "decode": 2, "router": 1}
+
+    def one_each() -> bool:
+        """The disruption controller counts each component's pods (exactly those, through the
+        budget's selector) all healthy, and lets one go in each: the lone prefill and router
+        pods too (a budget never blocks a drain for good)."""
+        for component, count in replicas.items():
+            budget = _get(kubectl, namespace, "poddisruptionbudget", f"{NAME}-{component}")
+            status = budget.get("status", {})
+            counted = status.get("expectedPods") == status.get("currentHealthy") == count
+            if not counted or status.get("disruptionsAllowed") != 1:
+                return False
+        return True
+
+    kube.wait_for(one_each, what="one disruption allowed per component, every pod counted")
+
+    core = client.CoreV1Api(k8s_api)
+    first, second = sorted(_pods(kubectl, namespace, "decode"))
+    with _cordoned(kubectl, node):
+        _evict(core, namespace, first)
+        with pytest.raises(ApiException) as refused:
+            _evict(core, namespace, second)
+        assert refused.value.status == 429, refused.value
+        assert "disruption budget" in str(refused.value.body), refused.value.body
+        _evict(core, namespace, f"{NAME}-prefill-0")
+
+    # Back in service, the replacements turn Ready and the next decode pod may go. (A
+    # replacement keeps its pod's name; the controller may count it as disrupted for up to
+    # 2 min after the eviction.)
+    kube.wait_for(one_each, what="the evicted pods replaced and counted", timeout_s=180)
+    _evict(core, namespace, second)
+    kube.wait_for(one_each, what=f"{second} replaced and counted", timeout_s=180)
+    model = wait_ready(kubectl, namespace, NAME)
+    assert model["status"]["decode"] == {"desiredReplicas": 2, "readyReplicas": 2}
+
+
 @pytest.mark.parametrize(
     ("patch", "field", "literal"),
     [
@@ -356,11 +427,7 @@ def test_deleting_the_model_leaves_cleanup_to_the_garbage_collector(
     kubectl("-n", namespace, "delete", "dmodel", NAME, "--wait=false")
 
     def all_gone() -> bool:
-        left = kubectl.json(
-            "-n", namespace, "get", "statefulsets,services,configmaps,deployments,serviceaccounts,"
-            "roles,rolebindings,pods", "-l", f"app.kubernetes.io/instance={NAME}",
-        )["items"]  # fmt: skip
-        return not left
+        return not children(kubectl, namespace, NAME, kinds=f"{CHILD_KINDS},pods")
 
     kube.wait_for(all_gone, what="the garbage collector to remove every child", timeout_s=120)
     time.sleep(3)

@@ -8,25 +8,16 @@ from typing import Any
 
 import kube
 from operator_fixtures import StartOperator, crds, small_model, start_operator  # noqa: F401
-from operator_harness import wait_ready
+from operator_harness import children, rendered_children, wait_ready
 
 NAME = "m"
-CHILD_KINDS = "statefulsets,services,configmaps,deployments,serviceaccounts,roles,rolebindings"
 KOPF_KEEPS = {"disagg.dev/kopf-managed", "disagg.dev/last-handled-configuration"}
-
-
-def _instance(kubectl: kube.Kubectl, namespace: str, kinds: str) -> list[dict[str, Any]]:
-    selector = f"app.kubernetes.io/instance={NAME}"
-    items: list[dict[str, Any]] = kubectl.json("-n", namespace, "get", kinds, "-l", selector)[
-        "items"
-    ]
-    return items
 
 
 def _live_pods(kubectl: kube.Kubectl, namespace: str, component: str) -> list[dict[str, Any]]:
     return [
         p
-        for p in _instance(kubectl, namespace, "pods")
+        for p in children(kubectl, namespace, NAME, kinds="pods")
         if p["metadata"]["labels"]["app.kubernetes.io/component"] == component
         and not p["metadata"].get("deletionTimestamp")
     ]
@@ -44,7 +35,7 @@ def test_kill_mid_reconcile_then_restart_converges_without_duplicates_or_orphans
     )
     first.kill()
     at_kill = sorted(
-        f"{c['kind']}/{c['metadata']['name']}" for c in _instance(kubectl, namespace, CHILD_KINDS)
+        f"{c['kind']}/{c['metadata']['name']}" for c in children(kubectl, namespace, NAME)
     )
     assert len(at_kill) >= 1, "the kill came after the first child was applied"
 
@@ -60,29 +51,15 @@ def test_kill_mid_reconcile_then_restart_converges_without_duplicates_or_orphans
     model = wait_ready(kubectl, namespace, NAME, timeout_s=240)
     uid = model["metadata"]["uid"]
 
-    children = _instance(kubectl, namespace, CHILD_KINDS)
-    names = sorted(f"{c['kind']}/{c['metadata']['name']}" for c in children)
-    assert names == sorted(
-        f"{kind}/{NAME}-{suffix}"
-        for kind, suffix in [
-            ("ConfigMap", "connector"),
-            ("Deployment", "router"),
-            ("Role", "router"),
-            ("RoleBinding", "router"),
-            ("Service", "decode"),
-            ("Service", "prefill"),
-            ("Service", "router"),
-            ("ServiceAccount", "router"),
-            ("StatefulSet", "decode"),
-            ("StatefulSet", "prefill"),
-        ]
-    ), f"children at kill time: {at_kill}"
-    for child in children:
+    live = children(kubectl, namespace, NAME)
+    names = sorted(f"{c['kind']}/{c['metadata']['name']}" for c in live)
+    assert names == rendered_children(small_model(NAME, namespace)), (
+        f"children at kill time: {at_kill}"
+    )
+    for child in live:
         refs = child["metadata"]["ownerReferences"]
         assert [(r["uid"], r.get("controller")) for r in refs] == [(uid, True)], child["metadata"]
-    config = json.loads(
-        children[[c["kind"] for c in children].index("ConfigMap")]["data"]["decode.json"]
-    )
+    config = json.loads(live[[c["kind"] for c in live].index("ConfigMap")]["data"]["decode.json"])
     assert config["kv_connector_extra_config"]["decoder_kv_blocks_ttl"] == 600
 
     def pods_settled() -> bool:
@@ -92,9 +69,9 @@ def test_kill_mid_reconcile_then_restart_converges_without_duplicates_or_orphans
         return counts == {"prefill": 3, "decode": 1, "router": 1}
 
     kube.wait_for(pods_settled, what="exactly 3 prefill, 1 decode and 1 router pod", timeout_s=90)
-    replica_sets = _instance(kubectl, namespace, "replicasets")
+    replica_sets = children(kubectl, namespace, NAME, kinds="replicasets")
     assert [rs["spec"]["replicas"] for rs in replica_sets] == [1], "one router ReplicaSet"
-    for obj in [*_instance(kubectl, namespace, "pods"), *replica_sets]:
+    for obj in [*children(kubectl, namespace, NAME, kinds="pods"), *replica_sets]:
         assert obj["metadata"].get("ownerReferences"), (
             f"orphan {obj['kind']} {obj['metadata']['name']}"
         )
