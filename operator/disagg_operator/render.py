@@ -1,8 +1,8 @@
 """Render a DisaggregatedModel's children: a pure function from (name, namespace, spec).
 
 Python computes every value here; the templates under `templates/<component>/<kind>.yaml.j2`
-only lay them out. The manifests carry name, namespace and labels but no owner reference:
-the operator adopts them before applying.
+(`templates/shared/` for a kind every workload gets) only lay them out. The manifests carry
+name, namespace and labels but no owner reference: the operator adopts them before applying.
 """
 
 from __future__ import annotations
@@ -227,7 +227,8 @@ def _engine_resources(spec: DisaggregatedModelSpec, role: RoleSpec) -> dict[str,
 def _disruption_budget(name: str, namespace: str, component: Component) -> Manifest:
     """The PodDisruptionBudget of one component's pods (its workload's own selector).
 
-    Rendered whatever the replicas: with none it selects no pod and allows everything.
+    Rendered whatever the replicas (with none it selects no pod and does nothing), so the set
+    of children never shrinks and the operator never has to delete one.
     """
     return _render(
         "shared/poddisruptionbudget.yaml.j2",
