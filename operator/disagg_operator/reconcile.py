@@ -289,7 +289,7 @@ class Reconciler:
         return problems
 
     def _check_secret(self, field_path: str, ref: SecretKeyRef, namespace: str) -> Problem | None:
-        """A problem when the Secret `field_path` names, or its key, is missing."""
+        """A problem when the Secret `field_path` names, or its key, is missing or empty."""
         try:
             secret = self._api.get(SECRETS, namespace, ref.name)
         except ApiException as exc:
@@ -297,20 +297,7 @@ class Reconciler:
                 self._log.warning("cannot check Secret %s/%s: %s", namespace, ref.name, exc.reason)
                 return None
             raise
-        if secret is None:
-            return Problem(
-                "SecretNotFound",
-                f"Secret {ref.name} named by {field_path} does not exist in namespace "
-                f"{namespace}: create it (kubectl -n {namespace} create secret generic "
-                f"{ref.name} --from-literal={ref.key}=<value>)",
-            )
-        if ref.key not in (secret.get("data") or {}):
-            return Problem(
-                "SecretKeyNotFound",
-                f"Secret {ref.name} has no key {ref.key!r} ({field_path}.key): "
-                "add it or change the key",
-            )
-        return None
+        return secret_problem(field_path, ref, namespace, secret)
 
     def _apply_all(
         self,
@@ -367,6 +354,32 @@ class Reconciler:
                 return
             raise
         self._written[meta["uid"]] = (new, meta.get("resourceVersion", ""))
+
+
+def secret_problem(
+    field_path: str, ref: SecretKeyRef, namespace: str, secret: Mapping[str, Any] | None
+) -> Problem | None:
+    """What keeps pods from reading ``ref`` from ``secret`` (None: the Secret is missing)."""
+    if secret is None:
+        return Problem(
+            "SecretNotFound",
+            f"Secret {ref.name} named by {field_path} does not exist in namespace "
+            f"{namespace}: create it (kubectl -n {namespace} create secret generic "
+            f"{ref.name} --from-literal={ref.key}=<value>)",
+        )
+    data = secret.get("data") or {}
+    if ref.key not in data:
+        return Problem(
+            "SecretKeyNotFound",
+            f"Secret {ref.name} has no key {ref.key!r} ({field_path}.key): "
+            "add it or change the key",
+        )
+    if not data[ref.key]:
+        return Problem(
+            "SecretKeyEmpty",
+            f"Secret {ref.name} key {ref.key!r} ({field_path}.key) is empty: put the value in it",
+        )
+    return None
 
 
 def secret_refs(spec: DisaggregatedModelSpec) -> list[tuple[str, SecretKeyRef]]:

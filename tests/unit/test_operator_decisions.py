@@ -6,13 +6,14 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+import pytest
 from disagg_operator.children import Action, adopt, decide
 from disagg_operator.conditions import Observed, PodState, Problem, build_status, pod_state
 from disagg_operator.drift import differences
 from disagg_operator.loading import load_spec
-from disagg_operator.models import DisaggregatedModelStatus
+from disagg_operator.models import DisaggregatedModelStatus, SecretKeyRef
 from disagg_operator.names import Component
-from disagg_operator.reconcile import secret_refs
+from disagg_operator.reconcile import secret_problem, secret_refs
 from disagg_operator.render import render
 from dmodel_samples import minimal_spec, spec_with
 
@@ -186,3 +187,27 @@ def test_secret_refs_name_every_secret_pods_read_by_field() -> None:
         ("spec.auth.apiKeySecret", "api", "k"),
     ]
     assert secret_refs(load_spec(minimal_spec())) == []
+
+
+@pytest.mark.parametrize(
+    ("secret", "reason", "says"),
+    [
+        (None, "SecretNotFound", "create secret generic api --from-literal=k=<value>"),
+        ({"data": {"other": "eA=="}}, "SecretKeyNotFound", "no key 'k' (spec.auth.apiKeySecret"),
+        ({}, "SecretKeyNotFound", "add it or change the key"),
+        ({"data": {"k": ""}}, "SecretKeyEmpty", "key 'k' (spec.auth.apiKeySecret.key) is empty"),
+        ({"data": {"k": "c2steA=="}}, None, ""),
+    ],
+    ids=["missing", "other-key", "no-data", "empty-value", "ok"],
+)
+def test_secret_problem_names_the_field_and_the_fix(
+    secret: dict[str, Any] | None, reason: str | None, says: str
+) -> None:
+    ref = SecretKeyRef(name="api", key="k")
+    problem = secret_problem("spec.auth.apiKeySecret", ref, "ml", secret)
+    if reason is None:
+        assert problem is None
+    else:
+        assert problem is not None
+        assert problem.reason == reason
+        assert says in problem.message
