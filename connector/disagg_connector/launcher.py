@@ -10,6 +10,7 @@ from pathlib import Path
 
 from disagg_connector.launch_config import LaunchConfigError, Role, check_config, serving_env
 from disagg_connector.vllm_facts import kv_transfer_config_keys, vllm_package_dir
+from disagg_connector.vllm_options import flags_named
 from disagg_connector.vllm_version import installed_vllm_version
 
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
@@ -19,14 +20,11 @@ KV_CONFIG_FLAG = "--kv-transfer-config"
 def names_kv_config(arg: str) -> bool:
     """Whether vLLM's parser may read ``arg`` as ``--kv-transfer-config``.
 
-    It reads ``_`` as ``-``, ``--flag=value``, dotted keys (``--kv-transfer-config.kv_role x``,
-    which replaces the whole config, the appended one included) and unique prefixes
-    (``--kv-transfer x``); every such spelling counts.
+    Every spelling counts (``_`` for ``-``, ``=value``, unique prefixes such as ``--kv-transfer``,
+    and dotted keys: ``--kv-transfer-config.kv_role x`` replaces the whole config, the appended
+    one included).
     """
-    if not arg.startswith("--"):
-        return False
-    name = arg[2:].split("=", 1)[0].split(".", 1)[0].replace("_", "-")
-    return bool(name) and KV_CONFIG_FLAG[2:].startswith(name)
+    return bool(flags_named(arg, (KV_CONFIG_FLAG,)))
 
 
 def vllm_command(vllm_args: Sequence[str], config: dict[str, object]) -> list[str]:

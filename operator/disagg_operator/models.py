@@ -11,6 +11,7 @@ import re
 from collections.abc import Iterable
 from typing import Annotated, Any, Literal
 
+from disagg_connector.vllm_options import flags_named, vllm_option_name
 from pydantic import ConfigDict, Field, PlainValidator, StringConstraints, WithJsonSchema
 
 from disagg_operator.base import ApiModel, CrossFieldRule
@@ -289,29 +290,6 @@ class ResourceOverrides(ApiModel):
 
 
 _RESERVED_ENV_CEL = "[" + ", ".join(f"'{name}'" for name in RESERVED_ENV) + "]"
-
-
-def vllm_option_name(arg: str) -> str:
-    """The option name vLLM reads in ``arg``: cut at the first ``=`` and ``.``, ``_`` as ``-``.
-
-    ``--max_model_len=10`` and ``--kv-transfer-config.kv_role`` name ``--max-model-len`` and
-    ``--kv-transfer-config``.
-    """
-    return arg.split("=", 1)[0].split(".", 1)[0].replace("_", "-")
-
-
-def flags_named(arg: str, flags: Iterable[str]) -> list[str]:
-    """The options among ``flags`` vLLM's parser may read ``arg`` as.
-
-    Its option name is the option or, as argparse's abbreviations, a prefix of it (``--max-model``,
-    ``-t`` for ``-tp``); a prefix of several options is one vLLM refuses as ambiguous. None of
-    vLLM's own options is a prefix of a managed one (tests/engine checks this), so no other option
-    is taken for one.
-    """
-    name = vllm_option_name(arg)
-    if len(name) < 2 or name == "--":
-        return []
-    return [flag for flag in flags if flag.startswith(name)]
 
 
 def _names_no_flag(args: list[str], flags: Iterable[str]) -> bool:

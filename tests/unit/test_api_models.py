@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from disagg_connector.vllm_options import vllm_option_name
 from disagg_operator.errors import SpecError
 from disagg_operator.loading import load_resource, load_spec
 from disagg_operator.models import (
@@ -12,7 +13,6 @@ from disagg_operator.models import (
     MAX_NAME_LENGTH,
     VERSION,
     DisaggregatedModelSpec,
-    vllm_option_name,
 )
 from dmodel_samples import INVALID_SPECS, InvalidSpec, minimal_spec, resource, spec_with
 
