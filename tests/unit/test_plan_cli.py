@@ -9,6 +9,7 @@ import pytest
 from disagg_connector.plan.calibration import CALIBRATED, published_deployment
 from disagg_connector.plan.predict import predict
 from disagg_operator.cli import main
+from plan_samples import LLAMA_8B
 
 QWEN_ARGS = ["plan", "--model", "qwen3-32b", "--gpu", "h200", "--tp", "8", "--fabric", "p5en-efa"]
 
@@ -86,17 +87,8 @@ def test_model_is_required_without_the_report(capsys: pytest.CaptureFixture[str]
 
 
 def test_user_config_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    config = {
-        "hidden_size": 4096,
-        "intermediate_size": 14336,
-        "num_attention_heads": 32,
-        "num_hidden_layers": 32,
-        "num_key_value_heads": 8,
-        "torch_dtype": "bfloat16",
-        "vocab_size": 128256,
-    }
     path = tmp_path / "my-model.json"
-    path.write_text(json.dumps(config), encoding="utf-8")
+    path.write_text(json.dumps(LLAMA_8B), encoding="utf-8")
     assert main(["plan", "--model", str(path), "--gpu", "h100", "--fabric", "p5-efa"]) == 0
     out = capsys.readouterr().out
     assert "model my-model: GQA" in out

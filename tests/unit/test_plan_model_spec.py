@@ -13,17 +13,7 @@ from disagg_connector.plan.model_spec import (
     spec_from_hf_config,
 )
 from disagg_connector.plan.physics import kv_bytes_per_token_per_gpu
-
-# Llama-3.1-8B's config.json (the keys the model reads): GQA 32/8 heads, 8.03B parameters.
-LLAMA_8B = {
-    "hidden_size": 4096,
-    "intermediate_size": 14336,
-    "num_attention_heads": 32,
-    "num_hidden_layers": 32,
-    "num_key_value_heads": 8,
-    "torch_dtype": "bfloat16",
-    "vocab_size": 128256,
-}
+from plan_samples import LLAMA_8B
 
 
 def test_qwen3_32b_matches_its_published_size() -> None:
