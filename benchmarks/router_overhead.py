@@ -171,7 +171,7 @@ def main() -> None:
     urls = {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}
     standin = [sys.executable, str(STANDIN)]
     router_cmd = [
-        sys.executable, "-m", "disagg_operator.cli", "router", "--host", "127.0.0.1",
+        sys.executable, "-m", "disagg.cli", "router", "--host", "127.0.0.1",
         "--port", str(ports["router"]), "--prefill", urls["prefill"], "--decode", urls["decode"],
     ]  # fmt: skip
     chat = "/v1/chat/completions"

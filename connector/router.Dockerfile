@@ -10,8 +10,9 @@ ARG PYTHON_IMAGE=python:3.12-slim
 FROM ${PYTHON_IMAGE} AS wheel
 WORKDIR /src
 COPY pyproject.toml README.md ./
-COPY operator/disagg_operator ./operator/disagg_operator
-COPY connector/disagg_connector ./connector/disagg_connector
+COPY operator ./operator
+COPY connector ./connector
+COPY tools ./tools
 RUN python -m pip wheel --no-deps --no-cache-dir --wheel-dir /wheels .
 
 FROM ${PYTHON_IMAGE}
@@ -21,8 +22,8 @@ LABEL org.opencontainers.image.title="disagg-router" \
       org.opencontainers.image.version="${DISAGG_VERSION}" \
       org.opencontainers.image.licenses="Apache-2.0"
 
-# The base install (kubernetes for EndpointSlice discovery) plus the `router` extra (fastapi,
-# uvicorn[standard], aiohttp, redis).
+# The `router` extra only (fastapi, uvicorn[standard], aiohttp, redis, prometheus-client and
+# kubernetes for EndpointSlice discovery).
 COPY --from=wheel /wheels /tmp/wheels
 RUN WHEEL="$(echo /tmp/wheels/disagg-*.whl)" \
     && python -m pip install --no-cache-dir "${WHEEL}[router]" \

@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "engine"))
 
 from bench_model import DESCRIPTION, bench_pair, ensure_bench_model, serving  # noqa: E402
-from disagg_operator.cli import main as disagg  # noqa: E402
+from disagg.cli import main as disagg  # noqa: E402
 
 ROLES = ("prefill", "decode")
 

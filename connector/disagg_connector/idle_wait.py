@@ -15,7 +15,7 @@ import os
 import queue
 from typing import Any
 
-IDLE_WAIT_ENV = "DISAGG_IDLE_STEP_WAIT_MS"
+from disagg_contract import IDLE_STEP_WAIT_ENV
 
 
 class EngineInputWaiter:
@@ -38,7 +38,7 @@ class EngineInputWaiter:
         Must run while vLLM's engine core is constructing its scheduler: the engine core
         object is found on the call stack. Returns None when disabled or not found.
         """
-        wait_ms = float(os.environ.get(IDLE_WAIT_ENV, "0") or 0)
+        wait_ms = float(os.environ.get(IDLE_STEP_WAIT_ENV, "0") or 0)
         if wait_ms <= 0:
             return None
         input_queue = _find_engine_input_queue()

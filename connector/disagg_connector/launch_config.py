@@ -7,31 +7,32 @@ and says how to fix it.
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Collection, Mapping
 from typing import Any
 
 from disagg_connector.vllm_version import parse_version
-
-
-class Role(enum.StrEnum):
-    """Serving role of one vLLM server."""
-
-    PREFILL = "prefill"
-    DECODE = "decode"
-
-
-KV_ROLE_BY_ROLE = {Role.PREFILL: "kv_producer", Role.DECODE: "kv_consumer"}
-"""The ``kv_role`` vLLM's NIXL connector expects per role (``kv_both`` is deprecated there)."""
+from disagg_contract import (
+    EXTRA_BACKENDS,
+    EXTRA_BIDIRECTIONAL,
+    EXTRA_DECODER_TTL,
+    EXTRA_RECOMPUTE_THRESHOLD,
+    FI_PROVIDER_ENV,
+    KV_ROLE,
+    POD_IP_ENV,
+    SIDE_CHANNEL_HOST_ENV,
+    SIDE_CHANNEL_PORT,
+    SIDE_CHANNEL_PORT_ENV,
+    Role,
+)
 
 MIN_VLLM_VERSION = (0, 32)
 """Oldest vLLM with bidirectional NIXL transfer and the ``nixl/`` connector package."""
 
 EXTRA_KEY_TYPES: dict[str, type | tuple[type, ...]] = {
-    "bidirectional_kv_xfer": bool,
-    "decoder_kv_blocks_ttl": int,
-    "kv_recompute_threshold": int,
-    "backends": list,
+    EXTRA_BIDIRECTIONAL: bool,
+    EXTRA_DECODER_TTL: int,
+    EXTRA_RECOMPUTE_THRESHOLD: int,
+    EXTRA_BACKENDS: list,
     "kv_lease_duration": int,
     "num_threads": int,
     "engine_ttl": (int, float),
@@ -72,7 +73,7 @@ def check_config(
         )
     if not config.get("kv_connector"):
         raise LaunchConfigError(f"{source}: 'kv_connector' is required (e.g. 'DisaggConnector')")
-    expected_kv_role = KV_ROLE_BY_ROLE[role]
+    expected_kv_role = KV_ROLE[role]
     if config.get("kv_role") != expected_kv_role:
         raise LaunchConfigError(
             f"{source}: 'kv_role' is {config.get('kv_role')!r} but a {role.value} server "
@@ -105,30 +106,30 @@ def _check_extra(extra: Mapping[str, Any], source: str) -> None:
             raise LaunchConfigError(
                 f"{source}: kv_connector_extra_config.{key} must be a JSON {kind}, got {value!r}"
             )
-    for key in ("decoder_kv_blocks_ttl", "kv_lease_duration"):
+    for key in (EXTRA_DECODER_TTL, "kv_lease_duration"):
         if key in extra and extra[key] <= 0:
             raise LaunchConfigError(
                 f"{source}: kv_connector_extra_config.{key} must be > 0 seconds"
             )
-    if extra.get("kv_recompute_threshold", 0) < 0:
+    if extra.get(EXTRA_RECOMPUTE_THRESHOLD, 0) < 0:
         raise LaunchConfigError(
-            f"{source}: kv_connector_extra_config.kv_recompute_threshold must be >= 0 tokens"
+            f"{source}: kv_connector_extra_config.{EXTRA_RECOMPUTE_THRESHOLD} must be >= 0 tokens"
         )
-    for backend in extra.get("backends", []):
+    for backend in extra.get(EXTRA_BACKENDS, []):
         if backend not in NIXL_BACKENDS:
             raise LaunchConfigError(
-                f"{source}: kv_connector_extra_config.backends entry {backend!r} is not one "
-                f"of {', '.join(NIXL_BACKENDS)}"
+                f"{source}: kv_connector_extra_config.{EXTRA_BACKENDS} entry {backend!r} is "
+                f"not one of {', '.join(NIXL_BACKENDS)}"
             )
 
 
 def serving_env(environ: Mapping[str, str], config: Mapping[str, Any]) -> dict[str, str]:
     """The environment for vLLM: side channel and EFA defaults, never overriding the user's."""
     env = dict(environ)
-    if "VLLM_NIXL_SIDE_CHANNEL_HOST" not in env and env.get("POD_IP"):
-        env["VLLM_NIXL_SIDE_CHANNEL_HOST"] = env["POD_IP"]
-    env.setdefault("VLLM_NIXL_SIDE_CHANNEL_PORT", "5600")
-    backends = config.get("kv_connector_extra_config", {}).get("backends", [])
+    if SIDE_CHANNEL_HOST_ENV not in env and env.get(POD_IP_ENV):
+        env[SIDE_CHANNEL_HOST_ENV] = env[POD_IP_ENV]
+    env.setdefault(SIDE_CHANNEL_PORT_ENV, str(SIDE_CHANNEL_PORT))
+    backends = config.get("kv_connector_extra_config", {}).get(EXTRA_BACKENDS, [])
     if "LIBFABRIC" in backends:
-        env.setdefault("FI_PROVIDER", "efa")
+        env.setdefault(FI_PROVIDER_ENV, "efa")
     return env

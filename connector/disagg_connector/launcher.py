@@ -8,10 +8,11 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from disagg_connector.launch_config import LaunchConfigError, Role, check_config, serving_env
+from disagg_connector.launch_config import LaunchConfigError, check_config, serving_env
 from disagg_connector.vllm_facts import kv_transfer_config_keys, vllm_package_dir
 from disagg_connector.vllm_options import flags_named
 from disagg_connector.vllm_version import installed_vllm_version
+from disagg_contract import Role
 
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 KV_CONFIG_FLAG = "--kv-transfer-config"

@@ -14,22 +14,22 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-PROGRESS_DELAY_ENV = "DISAGG_NIXL_PROGRESS_DELAY_US"
+from disagg_contract import NIXL_PROGRESS_DELAY_ENV
 
 
 def progress_delay_from_env() -> int:
     """The requested progress-thread delay in microseconds (0: NIXL's default spin)."""
-    raw = os.environ.get(PROGRESS_DELAY_ENV, "").strip()
+    raw = os.environ.get(NIXL_PROGRESS_DELAY_ENV, "").strip()
     if not raw:
         return 0
     try:
         delay = int(raw)
     except ValueError as exc:
         raise ValueError(
-            f"{PROGRESS_DELAY_ENV}={raw!r} is not an integer number of microseconds"
+            f"{NIXL_PROGRESS_DELAY_ENV}={raw!r} is not an integer number of microseconds"
         ) from exc
     if delay < 0:
-        raise ValueError(f"{PROGRESS_DELAY_ENV}={delay} must be >= 0")
+        raise ValueError(f"{NIXL_PROGRESS_DELAY_ENV}={delay} must be >= 0")
     return delay
 
 

@@ -16,11 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-DIGEST_WIRE_VERSION = 1
-"""Version of the digest published in ``kv_transfer_params``; bump on any change below."""
-
-DIGEST_PARAM_KEY = "disagg_token_digest"
-"""Key of the digest inside decode's ``kv_transfer_params``."""
+from disagg_contract import DIGEST_WIRE_VERSION
 
 HASH_BYTES = 8
 _PERSON = b"disagg-kv-v1"

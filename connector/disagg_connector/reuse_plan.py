@@ -13,13 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from disagg_connector.prefix_digest import DIGEST_PARAM_KEY, DigestFormatError, TokenDigest
-
-EXPIRY_PARAM_KEY = "disagg_expires_at"
-"""Unix time (decode's wall clock) at which decode frees the retained blocks."""
-
-EXPIRY_MARGIN_S = 5.0
-"""Refuse a read this close to expiry (vLLM's worker uses the same 5 s safety margin)."""
+from disagg_connector.prefix_digest import DigestFormatError, TokenDigest
+from disagg_contract import EXPIRES_AT_KEY, EXPIRY_MARGIN_S, TOKEN_DIGEST_KEY
 
 
 class Verdict(enum.StrEnum):
@@ -82,13 +77,13 @@ def plan_reuse(
     def rejected(verdict: Verdict) -> ReusePlan:
         return ReusePlan(verdict, offered, usable, 0)
 
-    expires_at = params.get(EXPIRY_PARAM_KEY)
+    expires_at = params.get(EXPIRES_AT_KEY)
     if isinstance(expires_at, int | float) and now_unix + EXPIRY_MARGIN_S >= expires_at:
         return rejected(Verdict.EXPIRED)
-    if DIGEST_PARAM_KEY not in params:
+    if TOKEN_DIGEST_KEY not in params:
         return rejected(Verdict.NO_DIGEST)
     try:
-        digest = TokenDigest.from_wire(params[DIGEST_PARAM_KEY])
+        digest = TokenDigest.from_wire(params[TOKEN_DIGEST_KEY])
     except DigestFormatError:
         return rejected(Verdict.BAD_DIGEST)
     if digest.block_size != block_size:

@@ -18,15 +18,10 @@ from vllm.distributed.kv_transfer.kv_connector.v1.nixl.pull_scheduler import (
 from vllm.logger import init_logger
 
 from disagg_connector.idle_wait import EngineInputWaiter
-from disagg_connector.prefix_digest import DIGEST_PARAM_KEY, TokenDigest
-from disagg_connector.reuse_plan import (
-    EXPIRY_PARAM_KEY,
-    ReusePlan,
-    cut_params,
-    offers_remote_kv,
-    plan_reuse,
-)
+from disagg_connector.prefix_digest import TokenDigest
+from disagg_connector.reuse_plan import ReusePlan, cut_params, offers_remote_kv, plan_reuse
 from disagg_connector.stats import DisaggKVConnectorStats
+from disagg_contract import EXPIRES_AT_KEY, TOKEN_DIGEST_KEY
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -130,8 +125,8 @@ class DisaggConnectorScheduler(NixlPullConnectorScheduler):
     def _publish_digest(self, request: Request, params: dict[str, Any]) -> None:
         held_tokens = request.all_token_ids[: params["remote_num_tokens"]]
         digest = TokenDigest.of_tokens(held_tokens, self.block_size, request.cache_salt)
-        params[DIGEST_PARAM_KEY] = digest.to_wire()
-        params[EXPIRY_PARAM_KEY] = time.time() + float(self.decoder_kv_blocks_ttl)
+        params[TOKEN_DIGEST_KEY] = digest.to_wire()
+        params[EXPIRES_AT_KEY] = time.time() + float(self.decoder_kv_blocks_ttl)
 
     @override
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from disagg_connector.vllm_version import installed_vllm_version, parse_version
+from disagg_contract import KV_TRANSFER_PARAMS
 
 NATIVE_STREAM_PARAMS_VERSION = (0, 33)
 """First vLLM release that streams ``kv_transfer_params`` on the final chunk itself."""
@@ -53,7 +54,7 @@ class FinalParams:
             output = output[-1]
         if getattr(output, "finished", False):
             self.finished = True
-            self.params = getattr(output, "kv_transfer_params", None) or self.params
+            self.params = getattr(output, KV_TRANSFER_PARAMS, None) or self.params
 
 
 def add_params_to_chunk(sse_event: str, params: dict[str, Any]) -> str:
@@ -67,7 +68,7 @@ def add_params_to_chunk(sse_event: str, params: dict[str, Any]) -> str:
         return sse_event
     if not isinstance(payload, dict) or "error" in payload:
         return sse_event
-    payload["kv_transfer_params"] = params
+    payload[KV_TRANSFER_PARAMS] = params
     return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n"
 
 

@@ -1,7 +1,7 @@
 """The base of every API model and the cross-field rules it enforces.
 
 A :class:`CrossFieldRule` holds one rule twice, as a Python predicate (checked by the model's
-validator) and as a CEL expression (emitted by :mod:`disagg_operator.crd_gen` into the CRD's
+validator) and as a CEL expression (emitted by :mod:`gen_crd` into the CRD's
 ``x-kubernetes-validations``), with one message, so the model and the API server refuse the same
 specs with the same words (the models may add which item broke the rule).
 """

@@ -6,35 +6,41 @@ import hashlib
 import json
 from typing import Any
 
+from disagg_contract import (
+    CONNECTOR_CLASS,
+    CONNECTOR_MODULE,
+    EXTRA_BACKENDS,
+    EXTRA_BIDIRECTIONAL,
+    EXTRA_DECODER_TTL,
+    EXTRA_RECOMPUTE_THRESHOLD,
+    KV_ROLE,
+    Role,
+)
 from disagg_operator.models import DisaggregatedModelSpec
-from disagg_operator.names import Component
 
-CONNECTOR_CLASS = "DisaggConnector"
-CONNECTOR_MODULE = "disagg_connector.connector"
 CONFIG_DIR = "/etc/disagg"
 KV_BUFFER_DEVICE = "cuda"
-KV_ROLES = {Component.PREFILL: "kv_producer", Component.DECODE: "kv_consumer"}
 
 
-def kv_transfer_config(spec: DisaggregatedModelSpec, role: Component) -> dict[str, Any]:
+def kv_transfer_config(spec: DisaggregatedModelSpec, role: Role) -> dict[str, Any]:
     """The `--kv-transfer-config` object for one role (only keys vLLM >= 0.32 accepts)."""
     kv = spec.kv_transfer
     return {
         "kv_connector": CONNECTOR_CLASS,
         "kv_connector_module_path": CONNECTOR_MODULE,
-        "kv_role": KV_ROLES[role],
+        "kv_role": KV_ROLE[role],
         "kv_buffer_device": KV_BUFFER_DEVICE,
         "kv_load_failure_policy": kv.load_failure_policy,
         "kv_connector_extra_config": {
-            "bidirectional_kv_xfer": kv.bidirectional,
-            "decoder_kv_blocks_ttl": kv.decoder_kv_blocks_ttl_seconds,
-            "kv_recompute_threshold": kv.recompute_threshold_tokens,
-            "backends": [spec.kv_backend],
+            EXTRA_BIDIRECTIONAL: kv.bidirectional,
+            EXTRA_DECODER_TTL: kv.decoder_kv_blocks_ttl_seconds,
+            EXTRA_RECOMPUTE_THRESHOLD: kv.recompute_threshold_tokens,
+            EXTRA_BACKENDS: [spec.kv_backend],
         },
     }
 
 
-def config_file(role: Component) -> str:
+def config_file(role: Role) -> str:
     """Path of a role's config file inside the serving container."""
     return f"{CONFIG_DIR}/{role}.json"
 
@@ -42,8 +48,7 @@ def config_file(role: Component) -> str:
 def config_map_data(spec: DisaggregatedModelSpec) -> dict[str, str]:
     """The connector ConfigMap's data: `prefill.json` and `decode.json`."""
     return {
-        f"{role}.json": json.dumps(kv_transfer_config(spec, role), sort_keys=True)
-        for role in KV_ROLES
+        f"{role}.json": json.dumps(kv_transfer_config(spec, role), sort_keys=True) for role in Role
     }
 
 

@@ -1,7 +1,7 @@
 """The DisaggregatedModel API (disagg.dev/v1alpha1): the single source of truth.
 
-The CRD schema (:mod:`disagg_operator.crd_gen`), the README's configuration table
-(:mod:`disagg_operator.reference`) and the rendered children (:mod:`disagg_operator.render`)
+The CRD schema (:mod:`gen_crd`), the README's configuration table
+(:mod:`gen_reference`) and the rendered children (:mod:`disagg_operator.render`)
 all derive from these models.
 """
 
@@ -11,9 +11,17 @@ import re
 from collections.abc import Iterable
 from typing import Annotated, Any, Literal
 
-from disagg_connector.vllm_options import flags_named, vllm_option_name
 from pydantic import ConfigDict, Field, PlainValidator, StringConstraints, WithJsonSchema
 
+from disagg_connector.vllm_options import flags_named, vllm_option_name
+from disagg_contract import (
+    ENGINE_API_KEY_ENV,
+    ENGINE_PORT,
+    EXPIRY_MARGIN_S,
+    SIDE_CHANNEL_HOST_ENV,
+    SIDE_CHANNEL_PORT,
+    SIDE_CHANNEL_PORT_ENV,
+)
 from disagg_operator.base import ApiModel, CrossFieldRule
 
 GROUP = "disagg.dev"
@@ -30,12 +38,6 @@ NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 
 MODEL_MOUNT_PATH = "/models"
 """Where the model cache is mounted (HF_HOME) unless `model.cache.mountPath` says otherwise."""
-
-VLLM_PORT = 8000
-"""Port every vLLM server listens on inside its pod."""
-
-PREFILL_EXPIRY_MARGIN_SECONDS = 5
-"""Prefill declines a D->P read whose retained blocks expire within this margin (vLLM)."""
 
 ROUTER_TTL_SAFETY_SECONDS = 30
 """The router forgets a conversation this long before decode frees its retained blocks."""
@@ -68,7 +70,7 @@ MANAGED_VLLM_FLAGS = {
     "--enable-prompt-tokens-details": _PROMPT_TOKENS_DETAILS,
     "--no-enable-prompt-tokens-details": _PROMPT_TOKENS_DETAILS,
     "--disable-prompt-tokens-details": _PROMPT_TOKENS_DETAILS,
-    "--port": f"drop it: vLLM listens on {VLLM_PORT}, the port the Services and the router use",
+    "--port": f"drop it: vLLM listens on {ENGINE_PORT}, the port the Services and the router use",
     "--kv-transfer-config": "drop it: the operator renders the connector config from "
     "spec.kvTransfer",
 }
@@ -85,14 +87,14 @@ MANAGED_FLAGS_MESSAGE = (
 )
 """Why `extraArgs` may not set a managed flag: the API server's words, the models add which."""
 
-RESERVED_ENV = ("PYTHONHASHSEED", "VLLM_NIXL_SIDE_CHANNEL_HOST", "VLLM_NIXL_SIDE_CHANNEL_PORT")
+HASH_SEED_ENV = "PYTHONHASHSEED"
+"""Python's hash seed, equal in every pod of one model (hash-based KV bookkeeping must agree)."""
+RESERVED_ENV = (HASH_SEED_ENV, SIDE_CHANNEL_HOST_ENV, SIDE_CHANNEL_PORT_ENV)
 """Environment the operator owns: it must agree across prefill and decode pods."""
 
 API_KEY_FLAGS = ("--api-key",)
 """vLLM's API key option (0.32, 0.33), refused in `extraArgs` like the managed flags."""
 
-VLLM_API_KEY_ENV = "VLLM_API_KEY"
-"""vLLM's default for --api-key (0.32, 0.33): the operator sets it from spec.auth.apiKeySecret."""
 
 API_KEY_FIX = (
     "set spec.auth.apiKeySecret instead (the operator gives the key to prefill, decode and "
@@ -370,9 +372,9 @@ class RoleSpec(ApiModel):
         ),
         CrossFieldRule(
             field="env",
-            message=f"must not set {VLLM_API_KEY_ENV}; {API_KEY_FIX}",
-            cel=f"!has(self.env) || self.env.all(e, e.name != '{VLLM_API_KEY_ENV}')",
-            check=lambda m: not any(var.name == VLLM_API_KEY_ENV for var in m.env),
+            message=f"must not set {ENGINE_API_KEY_ENV}; {API_KEY_FIX}",
+            cel=f"!has(self.env) || self.env.all(e, e.name != '{ENGINE_API_KEY_ENV}')",
+            check=lambda m: not any(var.name == ENGINE_API_KEY_ENV for var in m.env),
         ),
         CrossFieldRule(
             field="podLabels",
@@ -441,9 +443,9 @@ class KvTransferSpec(ApiModel):
     rules = (
         CrossFieldRule(
             field="sideChannelPort",
-            message=f"must differ from the vLLM port {VLLM_PORT}",
-            cel=f"!has(self.sideChannelPort) || self.sideChannelPort != {VLLM_PORT}",
-            check=lambda m: m.side_channel_port != VLLM_PORT,
+            message=f"must differ from the vLLM port {ENGINE_PORT}",
+            cel=f"!has(self.sideChannelPort) || self.sideChannelPort != {ENGINE_PORT}",
+            check=lambda m: m.side_channel_port != ENGINE_PORT,
         ),
     )
 
@@ -462,7 +464,7 @@ class KvTransferSpec(ApiModel):
         None, description="NIXL backend. Defaults to LIBFABRIC when EFA is enabled, else UCX."
     )
     side_channel_port: Port = Field(
-        5600, description="NIXL side-channel port (VLLM_NIXL_SIDE_CHANNEL_PORT)."
+        SIDE_CHANNEL_PORT, description=f"NIXL side-channel port ({SIDE_CHANNEL_PORT_ENV})."
     )
     load_failure_policy: LoadFailurePolicy = Field(
         "recompute", description="What a failed KV load does: recompute the tokens, or fail."
@@ -522,7 +524,7 @@ class RouterSpec(ApiModel):
         None,
         description="How long the router keeps a conversation's KV metadata. Defaults to "
         f"decoderKvBlocksTtlSeconds - {ROUTER_TTL_SAFETY_SECONDS}; must stay below "
-        f"decoderKvBlocksTtlSeconds - {PREFILL_EXPIRY_MARGIN_SECONDS}.",
+        f"decoderKvBlocksTtlSeconds - {EXPIRY_MARGIN_S}.",
     )
     resources: ResourceOverrides = Field(
         default_factory=ResourceOverrides,
@@ -563,7 +565,7 @@ class EfaSpec(ApiModel):
 
 def _conversation_ttl_ok(spec: DisaggregatedModelSpec) -> bool:
     ttl = spec.router.conversation_ttl_seconds
-    limit = spec.kv_transfer.decoder_kv_blocks_ttl_seconds - PREFILL_EXPIRY_MARGIN_SECONDS
+    limit = spec.kv_transfer.decoder_kv_blocks_ttl_seconds - EXPIRY_MARGIN_S
     return ttl is None or ttl < limit
 
 
@@ -583,11 +585,11 @@ class DisaggregatedModelSpec(ApiModel):
         CrossFieldRule(
             field="router.conversationTtlSeconds",
             message="must be less than spec.kvTransfer.decoderKvBlocksTtlSeconds - "
-            f"{PREFILL_EXPIRY_MARGIN_SECONDS}: prefill declines reads that expire within "
-            f"{PREFILL_EXPIRY_MARGIN_SECONDS} s",
+            f"{EXPIRY_MARGIN_S}: prefill declines reads that expire within "
+            f"{EXPIRY_MARGIN_S} s",
             cel="!has(self.router.conversationTtlSeconds) || "
             "self.router.conversationTtlSeconds < "
-            f"self.kvTransfer.decoderKvBlocksTtlSeconds - {PREFILL_EXPIRY_MARGIN_SECONDS}",
+            f"self.kvTransfer.decoderKvBlocksTtlSeconds - {EXPIRY_MARGIN_S}",
             check=_conversation_ttl_ok,
         ),
         CrossFieldRule(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from enum import StrEnum
 
+from disagg_contract import Role
 from disagg_operator.errors import SpecError
 from disagg_operator.models import MAX_NAME_LENGTH, NAME_PATTERN, RESERVED_LABEL_PREFIX
 
@@ -17,8 +18,8 @@ CONFIG_HASH_ANNOTATION = "disagg.dev/connector-config-hash"
 class Component(StrEnum):
     """The parts one DisaggregatedModel becomes; each names its children `<name>-<component>`."""
 
-    PREFILL = "prefill"
-    DECODE = "decode"
+    PREFILL = Role.PREFILL.value
+    DECODE = Role.DECODE.value
     ROUTER = "router"
     CONNECTOR = "connector"
 

@@ -15,6 +15,16 @@ from typing import Any
 import jinja2
 import yaml
 
+from disagg_contract import (
+    ENGINE_API_KEY_ENV,
+    ENGINE_PORT,
+    FI_PROVIDER_ENV,
+    ROUTER_API_KEY_ENV,
+    ROUTER_REDIS_URL_ENV,
+    SIDE_CHANNEL_HOST_ENV,
+    SIDE_CHANNEL_PORT_ENV,
+    Role,
+)
 from disagg_operator.connector_config import (
     CONFIG_DIR,
     config_file,
@@ -22,9 +32,8 @@ from disagg_operator.connector_config import (
     config_map_data,
 )
 from disagg_operator.models import (
+    HASH_SEED_ENV,
     MODEL_MOUNT_PATH,
-    VLLM_API_KEY_ENV,
-    VLLM_PORT,
     DisaggregatedModelSpec,
     RedisUrlSecret,
     ResourceOverrides,
@@ -55,10 +64,6 @@ ENGINE_PORT_NAME = "http"
 CONNECTOR_VOLUME = "connector-config"
 CACHE_VOLUME = "model-cache"
 SHM_VOLUME = "dshm"
-REDIS_URL_ENV = "DISAGG_REDIS_URL"
-"""The router's Redis URL from `spec.router.redis.urlSecret`, expanded into its arguments."""
-ROUTER_API_KEY_ENV = "DISAGG_API_KEY"
-"""The router's API key from `spec.auth.apiKeySecret` (`disagg router` reads it by default)."""
 ROUTER_RULES: list[dict[str, list[str]]] = [
     {
         "apiGroups": ["discovery.k8s.io"],
@@ -130,7 +135,7 @@ def _vllm_args(spec: DisaggregatedModelSpec, role: RoleSpec) -> list[str]:
         "--served-model-name",
         model.served_model_name,
         "--port",
-        str(VLLM_PORT),
+        str(ENGINE_PORT),
         "--tensor-parallel-size",
         str(role.tensor_parallel_size),
         "--dtype",
@@ -151,20 +156,20 @@ def _engine_env(
     name: str, namespace: str, spec: DisaggregatedModelSpec, role: RoleSpec
 ) -> list[dict[str, Any]]:
     injected: list[dict[str, Any]] = [
-        {"name": "PYTHONHASHSEED", "value": str(hash_seed(name, namespace))},
+        {"name": HASH_SEED_ENV, "value": str(hash_seed(name, namespace))},
         {
-            "name": "VLLM_NIXL_SIDE_CHANNEL_HOST",
+            "name": SIDE_CHANNEL_HOST_ENV,
             "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}},
         },
-        {"name": "VLLM_NIXL_SIDE_CHANNEL_PORT", "value": str(spec.kv_transfer.side_channel_port)},
+        {"name": SIDE_CHANNEL_PORT_ENV, "value": str(spec.kv_transfer.side_channel_port)},
         {"name": "HF_HOME", "value": _cache_mount_path(spec)},
     ]
     if spec.model.token_secret is not None:
         injected.append(_secret_env("HF_TOKEN", spec.model.token_secret))
     if spec.auth is not None:
-        injected.append(_secret_env(VLLM_API_KEY_ENV, spec.auth.api_key_secret))
+        injected.append(_secret_env(ENGINE_API_KEY_ENV, spec.auth.api_key_secret))
     if spec.efa.enabled:
-        injected.append({"name": "FI_PROVIDER", "value": spec.efa.provider})
+        injected.append({"name": FI_PROVIDER_ENV, "value": spec.efa.provider})
     user = [var.model_dump(exclude_none=True) for var in role.env]
     user_names = {var.name for var in role.env}
     return [var for var in injected if var["name"] not in user_names] + user
@@ -252,7 +257,7 @@ def _engine(
         "labels": labels(name, component),
         "selector": selector_labels(name, component),
         "side_channel_port": spec.kv_transfer.side_channel_port,
-        "vllm_port": VLLM_PORT,
+        "vllm_port": ENGINE_PORT,
     }
     volumes = [
         {"name": CONNECTOR_VOLUME, "configMap": {"name": child_name(name, Component.CONNECTOR)}},
@@ -280,7 +285,7 @@ def _engine(
             "--role",
             str(component),
             "--config",
-            config_file(component),
+            config_file(Role(component)),
             "--",
             *_vllm_args(spec, role),
         ],
@@ -316,8 +321,8 @@ def _router_store(spec: DisaggregatedModelSpec) -> tuple[list[str], list[dict[st
     if redis.url_secret is None:
         assert redis.url is not None
         return ["--store", "redis", "--redis-url", _k8s_literal(redis.url)], []
-    env = [_secret_env(REDIS_URL_ENV, redis.url_secret)]
-    return ["--store", "redis", "--redis-url", f"$({REDIS_URL_ENV})"], env
+    env = [_secret_env(ROUTER_REDIS_URL_ENV, redis.url_secret)]
+    return ["--store", "redis", "--redis-url", f"$({ROUTER_REDIS_URL_ENV})"], env
 
 
 def _router_env(

@@ -1,7 +1,7 @@
 """The Kubernetes resources the operator reads and writes, in one table.
 
 The apply module builds API paths from it, the handlers watch the child kinds it lists and
-:mod:`disagg_operator.rbac` derives the operator's permissions from it.
+:mod:`gen_rbac` derives the operator's permissions from it.
 """
 
 from __future__ import annotations

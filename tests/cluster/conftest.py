@@ -15,9 +15,10 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import kube
 import pytest
 from kubernetes import client
+
+import kube
 
 STARTUP = pytest.StashKey[str]()
 

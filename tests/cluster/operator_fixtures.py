@@ -7,8 +7,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import kube
 import pytest
+
+import kube
 from operator_harness import OperatorProcess, apply_crds
 
 REPO = Path(__file__).resolve().parents[2]

@@ -28,14 +28,15 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import kube
 import yaml
 from aiohttp import web
+from kubernetes import client, config
+from prometheus_client.parser import text_string_to_metric_families
+
+import kube
 from disagg_operator.loading import load_resource
 from disagg_operator.render import render
 from disagg_operator.resources import CHILD_RESOURCES
-from kubernetes import client, config
-from prometheus_client.parser import text_string_to_metric_families
 
 DISAGG = Path(sys.executable).parent / "disagg"
 WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})

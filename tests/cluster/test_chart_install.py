@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import kube
 import pytest
+
+import kube
 
 # The chart helpers are shared with the unit tests.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))

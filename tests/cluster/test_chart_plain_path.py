@@ -8,8 +8,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import kube
 import yaml
+
+import kube
 
 REPO = Path(__file__).resolve().parents[2]
 MANIFEST = REPO / "deploy" / "disagg-operator.yaml"

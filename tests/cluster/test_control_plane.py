@@ -7,9 +7,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import kube
 import pytest
 from kubernetes import client
+
+import kube
 
 GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 P5EN = {"node.kubernetes.io/instance-type": "p5en.48xlarge"}

@@ -13,13 +13,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import kube
 import pytest
+
+import kube
 
 # The sample CRs and the invalid-spec catalogue are shared with the unit tests.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
 
-from disagg_operator.crd_gen import CRD_NAME, CRD_PATH
 from disagg_operator.loading import load_resource, load_spec
 from disagg_operator.models import DisaggregatedModelStatus
 from disagg_operator.render import render
@@ -33,6 +33,7 @@ from dmodel_samples import (
     resource,
     spec_with,
 )
+from gen_crd import CRD_NAME, CRD_PATH
 
 
 @pytest.fixture(scope="module")

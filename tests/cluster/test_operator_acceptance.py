@@ -13,11 +13,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import kube
 import yaml
+
+import kube
 from disagg_operator.children import APPLIED_HASH_ANNOTATION
 from disagg_operator.kubeapi import FIELD_MANAGER
-from disagg_operator.rbac import namespaced_rules, peering_rules
+from gen_rbac import namespaced_rules, peering_rules
 from operator_fixtures import REPO, StartOperator, crds, start_operator  # noqa: F401
 from operator_harness import children, condition, rendered_children, wait_ready
 

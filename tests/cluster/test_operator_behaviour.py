@@ -13,13 +13,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import kube
 import pytest
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+import kube
 from disagg_operator.connector_config import config_hash, config_map_data
 from disagg_operator.loading import load_spec
 from disagg_operator.names import CONFIG_HASH_ANNOTATION
-from kubernetes import client
-from kubernetes.client.exceptions import ApiException
 from operator_fixtures import (  # noqa: F401
     INVALID_SPECS,
     StartOperator,

@@ -11,9 +11,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from disagg_connector.router.discovery.kubernetes import SERVICE_NAME_LABEL, EndpointSliceDiscovery
-from disagg_connector.router.replicas import ReplicaPool, Role
 from kubernetes import client
+
+from disagg_contract import Role
+from disagg_router.discovery.kubernetes import SERVICE_NAME_LABEL, EndpointSliceDiscovery
+from disagg_router.replicas import ReplicaPool
 
 
 def endpoint_slice(name: str, service: str, ready: dict[str, bool]) -> client.V1EndpointSlice:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
 from driver import PDDriver
 from rig import CACHE, RIG_CONNECTOR_ENV, EngineServer, ServerSpec, ensure_model, start_all
 

@@ -9,9 +9,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
+
 from driver import Conversation, PDDriver, TurnResult
 from rig import EngineServer
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 ANSWER_TOKENS = 24
 LOGPROB_TOLERANCE = 1e-3

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
-from disagg_connector.router.kv_params import prefill_params
+
+from disagg_router.kv_params import prefill_params
 from rig import MODEL_NAME
 
 

@@ -36,7 +36,7 @@ class RouterProcess:
         port = free_port()
         log_path = log_dir / f"{name}.log"
         command = [
-            sys.executable, "-m", "disagg_operator.cli", "router",
+            sys.executable, "-m", "disagg.cli", "router",
             "--host", "127.0.0.1", "--port", str(port),
             "--prefill", *prefill, "--decode", *decode,
             "--health-interval", "0.5", "--health-max-backoff", "2", *extra,

@@ -55,8 +55,10 @@ fi
 # Install from a clean copy of the package sources: an in-tree build could ship stale modules.
 SRC=$(mktemp -d)
 trap 'rm -rf "$SRC"' EXIT
-mkdir -p "$SRC/operator" "$SRC/connector"
+mkdir -p "$SRC/operator" "$SRC/connector" "$SRC/tools"
 cp "$REPO_ROOT/pyproject.toml" "$REPO_ROOT/README.md" "$SRC/"
 cp -r "$REPO_ROOT/operator/disagg_operator" "$SRC/operator/"
-cp -r "$REPO_ROOT/connector/disagg_connector" "$SRC/connector/"
+cp -r "$REPO_ROOT/connector/disagg_connector" "$REPO_ROOT/connector/disagg_router" \
+    "$REPO_ROOT/connector/disagg_contract" "$SRC/connector/"
+cp -r "$REPO_ROOT/tools/disagg" "$SRC/tools/"
 PYTHONWARNINGS=ignore "${PIP[@]}" install --quiet --no-deps --force-reinstall --no-build-isolation "$SRC"

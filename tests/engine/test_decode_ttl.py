@@ -6,6 +6,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
+
 from conftest import DECODE_CORE, MODEL_DIR, Rig
 from conversations import ANSWER_TOKENS, assert_same_answers, reuse_record, tokenizer, user_text
 from driver import Conversation, PDDriver

@@ -7,6 +7,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+
 from rig import ENGINE_VENV, ServerSpec
 
 pytestmark = pytest.mark.engine

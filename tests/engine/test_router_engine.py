@@ -21,6 +21,7 @@ from typing import Any
 
 import httpx
 import pytest
+
 from conftest import DECODE_CORE, Rig
 from conversations import ANSWER_TOKENS, LOGPROB_TOLERANCE, reuse_record, user_text
 from rig import MODEL_NAME, EngineServer, ServerSpec, start_all

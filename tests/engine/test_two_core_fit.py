@@ -11,6 +11,7 @@ import json
 from collections.abc import Iterator
 
 import pytest
+
 from conftest import DECODE_CORE, MODEL_DIR, Rig
 from conversations import ANSWER_TOKENS, tokenizer, user_text
 from driver import Conversation, PDDriver

@@ -25,8 +25,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from disagg_connector.launcher import API_SERVER_MODULE
-from rig import CACHE, ENGINE_VENV
 from typing_extensions import override
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl.connector import NixlPullConnector
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl.pull_scheduler import (
@@ -35,6 +33,9 @@ from vllm.distributed.kv_transfer.kv_connector.v1.nixl.pull_scheduler import (
 from vllm.utils.argparse_utils import FlexibleArgumentParser
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.request import Request
+
+from disagg_connector.launcher import API_SERVER_MODULE
+from rig import CACHE, ENGINE_VENV
 from vllm_cli_fit import (
     PLATFORM_ENV,
     ServeParser,

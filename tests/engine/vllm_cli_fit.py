@@ -135,9 +135,10 @@ class ServeParser:
 @functools.cache
 def serve_parser() -> ServeParser:
     """The parser the launcher's server module builds, in the vLLM this interpreter imports."""
+    from vllm.platforms import current_platform
+
     from disagg_connector.launcher import API_SERVER_MODULE
     from disagg_connector.vllm_version import installed_vllm_version
-    from vllm.platforms import current_platform
 
     if not current_platform.device_type:
         raise RuntimeError(f"vLLM found no platform to build its parser on: set {PLATFORM_ENV}")
@@ -214,7 +215,7 @@ def mounted_file(pod: Mapping[str, Any], container: Mapping[str, Any], path: Pat
 
 def rendered_servers() -> Iterator[RenderedServer]:
     """Every serving container of every example in examples/."""
-    from disagg_operator.cli import build_parser
+    from disagg.cli import build_parser
     from disagg_operator.loading import load_file
     from disagg_operator.render import render
 
@@ -245,8 +246,9 @@ def rendered_servers() -> Iterator[RenderedServer]:
 
 def rendered_command_problems(serve: ServeParser) -> list[str]:
     """Every example's servers: ``disagg serve``'s checks, then vLLM's parser on what it execs."""
-    from disagg_connector.launch_config import LaunchConfigError, Role
+    from disagg_connector.launch_config import LaunchConfigError
     from disagg_connector.launcher import prepare
+    from disagg_contract import Role
 
     problems = []
     with tempfile.TemporaryDirectory() as scratch:
@@ -343,8 +345,9 @@ MANAGED_SAMPLE_VALUES = {
 
 def operator_refuses(vllm_args: Sequence[str]) -> bool:
     """Whether the operator refuses ``vllm_args`` as a role's ``extraArgs``."""
-    from disagg_operator.models import RoleSpec
     from pydantic import ValidationError
+
+    from disagg_operator.models import RoleSpec
 
     try:
         RoleSpec.model_validate({"extraArgs": list(vllm_args)})

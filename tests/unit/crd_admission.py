@@ -19,8 +19,9 @@ import yaml
 from celpy.adapter import json_to_cel
 from celpy.celtypes import BoolType, ListType, StringType
 from celpy.evaluation import CELEvalError
-from disagg_operator.crd_gen import crd_yaml
+
 from disagg_operator.errors import field_path
+from gen_crd import crd_yaml
 
 Schema = dict[str, Any]
 

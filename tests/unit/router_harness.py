@@ -20,8 +20,9 @@ from typing import Any
 
 import httpx
 import uvicorn
-from disagg_connector.router.app import create_app
-from disagg_connector.router.config import RouterConfig
+
+from disagg_router.app import create_app
+from disagg_router.config import RouterConfig
 from engine_standin import StandinState, build_app
 
 
@@ -201,7 +202,7 @@ def router_process(prefill: list[str], decode: list[str], *options: str) -> Iter
     with bind_loopback() as sock:
         port = sock.getsockname()[1]
     command = [
-        sys.executable, "-m", "disagg_operator.cli", "router", "--host", "127.0.0.1",
+        sys.executable, "-m", "disagg.cli", "router", "--host", "127.0.0.1",
         "--port", str(port), "--prefill", *prefill, "--decode", *decode, *options,
     ]  # fmt: skip
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)

@@ -10,12 +10,13 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from crd_admission import admission_errors
 from disagg_operator.errors import SpecError
 from disagg_operator.loading import load_spec
 from dmodel_samples import resource, spec_with
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 
 def _role() -> st.SearchStrategy[dict[str, Any]]:

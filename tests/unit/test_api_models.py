@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from disagg_connector.vllm_options import vllm_option_name
 from disagg_operator.errors import SpecError
 from disagg_operator.loading import load_resource, load_spec

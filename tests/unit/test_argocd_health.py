@@ -11,9 +11,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from lupa import lua51
+
 from disagg_operator.models import DisaggregatedModelStatus
 from dmodel_samples import minimal_spec, resource
-from lupa import lua51
 
 SCRIPT = Path(__file__).resolve().parents[2] / "gitops" / "argocd" / "health.lua"
 

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from disagg_connector.bench.aggregate import bin_key, headline, pairs, points
-from disagg_connector.bench.records import Leg, TurnRecord
+
+from disagg.bench.aggregate import bin_key, headline, pairs, points
+from disagg.bench.records import Leg, TurnRecord
 
 
 def record(

@@ -6,14 +6,15 @@ import subprocess
 import sys
 
 import pytest
-from disagg_connector.bench.cli import bench_targets
-from disagg_connector.bench.records import Leg
-from disagg_operator.cli import build_parser
+
+from disagg.bench.cli import bench_targets
+from disagg.bench.records import Leg
+from disagg.cli import build_parser
 
 
 def test_building_the_cli_imports_neither_http_nor_plotting() -> None:
     code = (
-        "import sys; from disagg_operator.cli import build_parser; build_parser(); "
+        "import sys; from disagg.cli import build_parser; build_parser(); "
         "print(sorted(m for m in ('matplotlib', 'httpx', 'vllm', 'kopf') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -49,7 +50,7 @@ def test_each_leg_says_how_it_was_run(off_router: str | None, described: str) ->
 
 
 def test_bad_sweep_options_exit_2_naming_the_option(capsys: pytest.CaptureFixture[str]) -> None:
-    from disagg_operator.cli import main
+    from disagg.cli import main
 
     assert main(["bench", "--router", "http://127.0.0.1:9", "--lengths", "4k,2k"]) == 2
     assert "--lengths" in capsys.readouterr().err

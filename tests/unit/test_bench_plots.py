@@ -7,10 +7,11 @@ from pathlib import Path
 
 import numpy
 import pytest
-from disagg_connector.bench.aggregate import Point
-from disagg_connector.bench.plots import prefill_figure, save, slug, ttft_figure
 from matplotlib.axes import Axes
 from matplotlib.lines import Line2D
+
+from disagg.bench.aggregate import Point
+from disagg.bench.plots import prefill_figure, save, slug, ttft_figure
 
 OFF = [Point(1, 2000, 800, 1, prefill_ms=700), Point(2, 4000, 1600, 1, prefill_ms=1500)]
 ON = [

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from disagg_connector.bench import prometheus
-from disagg_connector.bench.client import Snapshot, compute_deltas
+from disagg.bench import prometheus
+from disagg.bench.client import Snapshot, compute_deltas
 
 ROUTER_BEFORE = """# HELP disagg_router_prefill_duration_seconds Prefill request duration.
 # TYPE disagg_router_prefill_duration_seconds histogram

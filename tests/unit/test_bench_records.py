@@ -6,8 +6,9 @@ import json
 from pathlib import Path
 
 import pytest
-from disagg_connector.bench.records import BenchResult, Leg, TurnRecord
-from disagg_operator.cli import main
+
+from disagg.bench.records import BenchResult, Leg, TurnRecord
+from disagg.cli import main
 
 
 def test_result_round_trips(tmp_path: Path) -> None:

@@ -10,8 +10,9 @@ import re
 from pathlib import Path
 
 import pytest
-from disagg_connector.bench.records import BenchResult, Leg
-from disagg_operator.cli import main
+
+from disagg.bench.records import BenchResult, Leg
+from disagg.cli import main
 from router_harness import router_rig
 
 

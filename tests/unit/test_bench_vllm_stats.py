@@ -6,9 +6,10 @@ import json
 from pathlib import Path
 
 import pytest
-from disagg_connector.bench.records import Leg
-from disagg_connector.bench.vllm_stats import read_vllm_stats
-from disagg_operator.cli import main
+
+from disagg.bench.records import Leg
+from disagg.bench.vllm_stats import read_vllm_stats
+from disagg.cli import main
 
 
 def stats(ttfts: list[float], tokens: list[int]) -> list[dict[str, object]]:

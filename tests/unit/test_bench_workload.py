@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from disagg_connector.bench.workload import parse_length, parse_lengths, plan_turns, user_text
+
+from disagg.bench.workload import parse_length, parse_lengths, plan_turns, user_text
 
 
 def test_lengths_accept_lists_and_ranges_with_k() -> None:

@@ -6,6 +6,7 @@ import os
 import subprocess
 
 import yaml
+
 from helm_chart import CHART, REPO, helm_binary
 
 TOP = REPO / "crds"

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
 from disagg_operator.loading import load_resource
 from helm_chart import REPO, toolchain
 

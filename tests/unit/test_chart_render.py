@@ -6,7 +6,8 @@ from typing import Any
 
 import kubernetes_validate
 import pytest
-from disagg_operator.cli import build_parser
+
+from disagg.cli import build_parser
 from helm_chart import CHART, by_kind, helm, operator_rules, template
 
 # The chart's kubeVersion floor and the local control plane's release.

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 import yaml
+
 from disagg_operator.options import LOG_FORMATS, LOG_LEVELS
 from helm_chart import CHART, helm
 

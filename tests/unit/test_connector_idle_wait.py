@@ -9,12 +9,10 @@ import time
 import types
 
 import pytest
-from disagg_connector.idle_wait import IDLE_WAIT_ENV, EngineInputWaiter
-from disagg_connector.nixl_pacing import (
-    PROGRESS_DELAY_ENV,
-    paced_progress_thread,
-    progress_delay_from_env,
-)
+
+from disagg_connector.idle_wait import EngineInputWaiter
+from disagg_connector.nixl_pacing import paced_progress_thread, progress_delay_from_env
+from disagg_contract import IDLE_STEP_WAIT_ENV, NIXL_PROGRESS_DELAY_ENV
 
 
 class FakeEngineCore:
@@ -50,16 +48,16 @@ def test_waiter_does_not_wait_when_input_is_queued() -> None:
 
 
 def test_from_env_finds_the_engine_queue_on_the_stack(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(IDLE_WAIT_ENV, "250")
+    monkeypatch.setenv(IDLE_STEP_WAIT_ENV, "250")
     engine = FakeEngineCore()
     assert engine.waiter is not None
     assert engine.waiter.timeout_s == 0.25
 
 
 def test_from_env_is_off_by_default_and_without_an_engine(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(IDLE_WAIT_ENV, raising=False)
+    monkeypatch.delenv(IDLE_STEP_WAIT_ENV, raising=False)
     assert FakeEngineCore().waiter is None
-    monkeypatch.setenv(IDLE_WAIT_ENV, "250")
+    monkeypatch.setenv(IDLE_STEP_WAIT_ENV, "250")
     assert EngineInputWaiter.from_env() is None
 
 
@@ -68,16 +66,16 @@ def test_progress_delay_from_env(
     monkeypatch: pytest.MonkeyPatch, raw: str | None, expected: int
 ) -> None:
     if raw is None:
-        monkeypatch.delenv(PROGRESS_DELAY_ENV, raising=False)
+        monkeypatch.delenv(NIXL_PROGRESS_DELAY_ENV, raising=False)
     else:
-        monkeypatch.setenv(PROGRESS_DELAY_ENV, raw)
+        monkeypatch.setenv(NIXL_PROGRESS_DELAY_ENV, raw)
     assert progress_delay_from_env() == expected
 
 
 @pytest.mark.parametrize("raw", ["fast", "-5"])
 def test_bad_progress_delay_names_the_variable(monkeypatch: pytest.MonkeyPatch, raw: str) -> None:
-    monkeypatch.setenv(PROGRESS_DELAY_ENV, raw)
-    with pytest.raises(ValueError, match=PROGRESS_DELAY_ENV):
+    monkeypatch.setenv(NIXL_PROGRESS_DELAY_ENV, raw)
+    with pytest.raises(ValueError, match=NIXL_PROGRESS_DELAY_ENV):
         progress_delay_from_env()
 
 

@@ -18,14 +18,15 @@ from importlib.metadata import packages_distributions, requires
 from pathlib import Path
 
 import pytest
+
+from disagg.cli import build_parser
 from disagg_connector.stream_params import NATIVE_STREAM_PARAMS_VERSION
 from disagg_connector.vllm_version import parse_version
-from disagg_operator.cli import build_parser
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "connector" / "Dockerfile"
 ROUTER_DOCKERFILE = ROOT / "connector" / "router.Dockerfile"
-ROUTER_PACKAGE = ROOT / "connector" / "disagg_connector" / "router"
+ROUTER_PACKAGE = ROOT / "connector" / "disagg_router"
 MODULES = ("connector", "scheduler", "launcher", "commands", "stream_params", "prefix_digest")
 
 
@@ -84,7 +85,7 @@ def test_wheel_holds_the_connector_package(wheel: zipfile.ZipFile) -> None:
 def test_wheel_declares_the_cli_and_the_vllm_plugin(wheel: zipfile.ZipFile) -> None:
     (entry_points,) = [n for n in wheel.namelist() if n.endswith(".dist-info/entry_points.txt")]
     text = wheel.read(entry_points).decode()
-    assert re.search(r"^\[console_scripts\]\s*\ndisagg = disagg_operator\.cli:main", text, re.M)
+    assert re.search(r"^\[console_scripts\]\s*\ndisagg = disagg\.cli:main", text, re.M)
     assert re.search(
         r"^\[vllm\.general_plugins\]\s*\n"
         r"disagg_stream_kv_params = disagg_connector\.stream_params:register",

@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import pytest
-from disagg_connector.prefix_digest import (
-    DIGEST_WIRE_VERSION,
-    DigestFormatError,
-    TokenDigest,
-    chained_block_hashes,
-)
 from hypothesis import given
 from hypothesis import strategies as st
+
+from disagg_connector.prefix_digest import DigestFormatError, TokenDigest, chained_block_hashes
+from disagg_contract import DIGEST_WIRE_VERSION
 
 BLOCK = 4
 tokens = st.lists(st.integers(min_value=0, max_value=2**32 - 1), max_size=40)

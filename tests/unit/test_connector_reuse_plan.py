@@ -5,15 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from disagg_connector.prefix_digest import DIGEST_PARAM_KEY, TokenDigest
-from disagg_connector.reuse_plan import (
-    EXPIRY_MARGIN_S,
-    EXPIRY_PARAM_KEY,
-    Verdict,
-    cut_params,
-    offers_remote_kv,
-    plan_reuse,
-)
+
+from disagg_connector.prefix_digest import TokenDigest
+from disagg_connector.reuse_plan import Verdict, cut_params, offers_remote_kv, plan_reuse
+from disagg_contract import EXPIRES_AT_KEY, EXPIRY_MARGIN_S, TOKEN_DIGEST_KEY
 
 BLOCK = 4
 NOW = 1_000_000.0
@@ -31,8 +26,8 @@ def offer(held: list[int], *, groups: int = 1, **extra: Any) -> dict[str, Any]:
         "remote_host": "127.0.0.1",
         "remote_port": 5601,
         "remote_num_tokens": len(held),
-        DIGEST_PARAM_KEY: TokenDigest.of_tokens(held, BLOCK).to_wire(),
-        EXPIRY_PARAM_KEY: NOW + 60,
+        TOKEN_DIGEST_KEY: TokenDigest.of_tokens(held, BLOCK).to_wire(),
+        EXPIRES_AT_KEY: NOW + 60,
     }
     params.update(extra)
     return params
@@ -101,13 +96,13 @@ def test_short_prompt_offers_nothing_usable() -> None:
 
 def test_missing_digest_rejects_everything() -> None:
     params = offer(HELD)
-    del params[DIGEST_PARAM_KEY]
+    del params[TOKEN_DIGEST_KEY]
     assert plan(params, [*HELD, 1]).verdict is Verdict.NO_DIGEST
 
 
 def test_unknown_digest_version_rejects_everything() -> None:
     params = offer(HELD)
-    params[DIGEST_PARAM_KEY] = {**params[DIGEST_PARAM_KEY], "v": 99}
+    params[TOKEN_DIGEST_KEY] = {**params[TOKEN_DIGEST_KEY], "v": 99}
     result = plan(params, [*HELD, 1])
     assert (result.verdict, result.verified_tokens, result.rejected_tokens) == (
         Verdict.BAD_DIGEST,
@@ -118,13 +113,13 @@ def test_unknown_digest_version_rejects_everything() -> None:
 
 def test_other_block_size_rejects_everything() -> None:
     params = offer(HELD)
-    params[DIGEST_PARAM_KEY] = TokenDigest.of_tokens(HELD, 2).to_wire()
+    params[TOKEN_DIGEST_KEY] = TokenDigest.of_tokens(HELD, 2).to_wire()
     assert plan(params, [*HELD, 1]).verdict is Verdict.BLOCK_SIZE_MISMATCH
 
 
 @pytest.mark.parametrize("seconds_left", [EXPIRY_MARGIN_S - 0.1, 0.0, -30.0])
 def test_offer_near_or_past_expiry_drops_the_blocks(seconds_left: float) -> None:
-    params = offer(HELD, **{EXPIRY_PARAM_KEY: NOW + seconds_left})
+    params = offer(HELD, **{EXPIRES_AT_KEY: NOW + seconds_left})
     result = plan(params, [*HELD, 1])
     assert (result.verdict, result.verified_tokens) == (Verdict.EXPIRED, 0)
     cut_params(params, result, BLOCK)

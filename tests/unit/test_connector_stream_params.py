@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+
 from disagg_connector.stream_params import (
     FinalParams,
     add_params_to_chunk,

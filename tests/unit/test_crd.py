@@ -9,9 +9,9 @@ from typing import Any
 import celpy
 import pytest
 import yaml
+
 from crd_admission import admission_errors, apply_defaults, cel_failures, root_schema
 from disagg_operator.base import ApiModel
-from disagg_operator.crd_gen import CRD_PATH, crd_yaml, main
 from disagg_operator.loading import load_spec
 from dmodel_samples import (
     EXAMPLES,
@@ -23,6 +23,7 @@ from dmodel_samples import (
     resource,
     spec_with,
 )
+from gen_crd import CRD_PATH, crd_yaml, main
 
 Schema = dict[str, Any]
 

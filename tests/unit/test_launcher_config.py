@@ -8,14 +8,11 @@ from typing import Any
 
 import pytest
 import yaml
-from disagg_connector.launch_config import (
-    LaunchConfigError,
-    Role,
-    check_config,
-    serving_env,
-)
+
+from disagg_connector.launch_config import LaunchConfigError, check_config, serving_env
 from disagg_connector.launcher import vllm_command
 from disagg_connector.vllm_facts import kv_transfer_config_keys
+from disagg_contract import Role
 from disagg_operator.connector_config import config_map_data
 from disagg_operator.models import DisaggregatedModelSpec
 from disagg_operator.names import Component

@@ -7,6 +7,7 @@ import copy
 from typing import Any
 
 import pytest
+
 from disagg_operator.children import Action, adopt, decide
 from disagg_operator.conditions import Observed, PodState, Problem, build_status, pod_state
 from disagg_operator.drift import differences

@@ -8,7 +8,7 @@ import re
 from importlib.metadata import requires
 from pathlib import Path
 
-from disagg_operator.cli import build_parser
+from disagg.cli import build_parser
 
 DOCKERFILE = Path(__file__).resolve().parents[2] / "operator" / "Dockerfile"
 

@@ -11,16 +11,17 @@ import urllib.request
 from collections.abc import Iterator
 
 import pytest
-from disagg_operator.cli import build_parser
+from kubernetes import client
+from prometheus_client.parser import text_string_to_metric_families
+from urllib3.exceptions import HTTPError
+
+from disagg.cli import build_parser
 from disagg_operator.conditions import Problem
 from disagg_operator.kubeapi import ApiException, KubeApi
 from disagg_operator.metrics import OperatorMetrics, serve
 from disagg_operator.reconcile import Outcome
 from disagg_operator.resources import DISAGGREGATED_MODELS, SECRETS
 from disagg_operator.runner import run
-from kubernetes import client
-from prometheus_client.parser import text_string_to_metric_families
-from urllib3.exceptions import HTTPError
 
 
 def _value(metrics: OperatorMetrics, name: str, **labels: str) -> float:

@@ -5,10 +5,10 @@ operator grants a router held by the operator."""
 from __future__ import annotations
 
 from disagg_operator.loading import load_spec
-from disagg_operator.rbac import RULES_PATH, namespaced_rules, peering_rules, rules_yaml
 from disagg_operator.render import ROUTER_RULES, render
 from disagg_operator.resources import CHILD_RESOURCES, resource_of
 from dmodel_samples import spec_with
+from gen_rbac import RULES_PATH, namespaced_rules, peering_rules, rules_yaml
 
 
 def _all_rules() -> list[dict[str, list[str]]]:

@@ -11,8 +11,9 @@ import dataclasses
 from pathlib import Path
 
 import pytest
-from disagg_connector.plan import calibration
-from disagg_connector.plan.calibration import (
+
+from disagg.plan import calibration
+from disagg.plan.calibration import (
     CALIBRATED,
     PUBLISHED_POINTS,
     Quantity,
@@ -20,8 +21,8 @@ from disagg_connector.plan.calibration import (
     max_abs_error,
     points_of,
 )
-from disagg_connector.plan.physics import Efficiency
-from disagg_connector.plan.report import CalibrationReport, calibration_text
+from disagg.plan.physics import Efficiency
+from disagg.plan.report import CalibrationReport, calibration_text
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "plan.md"
 

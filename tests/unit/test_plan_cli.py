@@ -6,9 +6,10 @@ import json
 from pathlib import Path
 
 import pytest
-from disagg_connector.plan.calibration import CALIBRATED, published_deployment
-from disagg_connector.plan.predict import predict
-from disagg_operator.cli import main
+
+from disagg.cli import main
+from disagg.plan.calibration import CALIBRATED, published_deployment
+from disagg.plan.predict import predict
 from plan_samples import LLAMA_8B
 
 QWEN_ARGS = ["plan", "--model", "qwen3-32b", "--gpu", "h200", "--tp", "8", "--fabric", "p5en-efa"]

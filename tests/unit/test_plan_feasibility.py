@@ -9,8 +9,9 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from disagg_connector.plan import catalog
-from disagg_connector.plan.calibration import (
+
+from disagg.plan import catalog
+from disagg.plan.calibration import (
     CALIBRATED,
     CROSS_MODEL_BOUND,
     JOINT_BOUND,
@@ -21,9 +22,9 @@ from disagg_connector.plan.calibration import (
     max_abs_error,
     point_cost,
 )
-from disagg_connector.plan.feasibility import growth_check, growth_checks
-from disagg_connector.plan.physics import Efficiency
-from disagg_connector.plan.predict import Deployment
+from disagg.plan.feasibility import growth_check, growth_checks
+from disagg.plan.physics import Efficiency
+from disagg.plan.predict import Deployment
 
 LONGEST = {"qwen3-32b": 24000, "glm-5-fp8": 20000}
 

@@ -6,13 +6,14 @@ import json
 from pathlib import Path
 
 import pytest
-from disagg_connector.plan import catalog
-from disagg_connector.plan.model_spec import (
+
+from disagg.plan import catalog
+from disagg.plan.model_spec import (
     AttentionKind,
     ModelConfigError,
     spec_from_hf_config,
 )
-from disagg_connector.plan.physics import kv_bytes_per_token_per_gpu
+from disagg.plan.physics import kv_bytes_per_token_per_gpu
 from plan_samples import LLAMA_8B
 
 

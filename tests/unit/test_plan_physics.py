@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from disagg_connector.plan import catalog
-from disagg_connector.plan.physics import (
+
+from disagg.plan import catalog
+from disagg.plan.physics import (
     Cost,
     Efficiency,
     _capped_pairs,

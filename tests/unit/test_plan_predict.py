@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import pytest
-from disagg_connector.plan import catalog
-from disagg_connector.plan.calibration import CALIBRATED, published_deployment
-from disagg_connector.plan.catalog import Fabric
-from disagg_connector.plan.physics import (
+
+from disagg.plan import catalog
+from disagg.plan.calibration import CALIBRATED, published_deployment
+from disagg.plan.catalog import Fabric
+from disagg.plan.physics import (
     Efficiency,
     kv_bytes_per_token_per_gpu,
     weight_bytes_streamed,
 )
-from disagg_connector.plan.predict import Deployment, predict, recompute_threshold, turn_costs
+from disagg.plan.predict import Deployment, predict, recompute_threshold, turn_costs
 
 
 def test_reuse_covers_whole_blocks_before_the_suffix() -> None:

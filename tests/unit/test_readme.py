@@ -6,8 +6,9 @@ import re
 from pathlib import Path
 
 import pytest
-from disagg_operator.reference import README_PATH, main, reference_markdown, updated_readme
+
 from dmodel_samples import REPO
+from gen_reference import README_PATH, main, reference_markdown, updated_readme
 
 
 def test_config_reference_is_current() -> None:

@@ -8,6 +8,7 @@ from typing import Any
 
 import kubernetes_validate
 import pytest
+
 from disagg_operator.errors import SpecError
 from disagg_operator.loading import load_resource, load_spec
 from disagg_operator.models import MAX_NAME_LENGTH

@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 import yaml
-from disagg_operator.cli import main
+
+from disagg.cli import main
 from dmodel_samples import EXAMPLES, REPO, minimal_spec, resource, spec_with
 
 
@@ -104,7 +105,7 @@ def test_reads_stdin(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixt
 def test_console_script_exit_status(tmp_path: Path) -> None:
     bad = _write(tmp_path, resource(spec_with({"kvTransfer": {"backend": "TCP"}})))
     result = subprocess.run(
-        [sys.executable, "-m", "disagg_operator.cli", "render", "-f", bad],
+        [sys.executable, "-m", "disagg.cli", "render", "-f", bad],
         capture_output=True,
         text=True,
         check=False,
@@ -115,7 +116,7 @@ def test_console_script_exit_status(tmp_path: Path) -> None:
 
 def test_render_does_not_import_the_engine_or_operator_runtime() -> None:
     code = (
-        "import sys; from disagg_operator.cli import main; "
+        "import sys; from disagg.cli import main; "
         f"main(['render', '-f', {str(EXAMPLES[0])!r}, '--summary']); "
         "print(sorted(m for m in ('vllm', 'kopf', 'torch') if m in sys.modules))"
     )

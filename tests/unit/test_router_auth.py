@@ -8,9 +8,11 @@ import dataclasses
 
 import httpx
 import pytest
-from disagg_connector.router.auth import ApiKeyGuard
-from disagg_connector.router.config import API_KEY_ENV, ConfigError, RouterConfig
-from disagg_connector.router.options import add_router_arguments, config_from_args
+
+from disagg_contract import ROUTER_API_KEY_ENV
+from disagg_router.auth import ApiKeyGuard
+from disagg_router.config import ConfigError, RouterConfig
+from disagg_router.options import add_router_arguments, config_from_args
 from router_harness import RouterRig, metric
 
 MODEL = "standin-model"
@@ -119,9 +121,9 @@ def _parse(*argv: str) -> RouterConfig:
 
 
 def test_key_comes_from_the_environment_unless_given(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(API_KEY_ENV, raising=False)
+    monkeypatch.delenv(ROUTER_API_KEY_ENV, raising=False)
     assert _parse().api_key is None
-    monkeypatch.setenv(API_KEY_ENV, KEY)
+    monkeypatch.setenv(ROUTER_API_KEY_ENV, KEY)
     assert _parse().api_key == KEY
     assert _parse("--api-key", "sk-flag").api_key == "sk-flag"
     assert KEY not in repr(_parse())
@@ -130,7 +132,7 @@ def test_key_comes_from_the_environment_unless_given(monkeypatch: pytest.MonkeyP
 @pytest.mark.parametrize("key", ["", f"{KEY}\n", "two words", "clé"])
 def test_keys_that_cannot_travel_in_a_header_are_refused(key: str) -> None:
     config = dataclasses.replace(_parse(), api_key=key)
-    with pytest.raises(ConfigError, match=API_KEY_ENV):
+    with pytest.raises(ConfigError, match=ROUTER_API_KEY_ENV):
         config.validate()
 
 

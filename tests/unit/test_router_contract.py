@@ -5,12 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from disagg_connector.router.config import DiscoveryKind
-from disagg_connector.router.options import config_from_args
-from disagg_operator.cli import build_parser
+
+from disagg.cli import build_parser
 from disagg_operator.loading import load_file
 from disagg_operator.models import AuthSpec
 from disagg_operator.render import render
+from disagg_router.config import DiscoveryKind
+from disagg_router.options import config_from_args
 
 EXAMPLES = sorted((Path(__file__).parents[2] / "examples").glob("*.yaml"))
 

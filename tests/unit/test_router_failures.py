@@ -7,6 +7,7 @@ import time
 
 import httpx
 import pytest
+
 from router_harness import RouterRig, metric, start_engine
 
 MODEL = "standin-model"

@@ -8,6 +8,7 @@ from typing import Any
 
 import httpx
 import pytest
+
 from router_harness import RouterRig, metric
 
 MODEL = "standin-model"

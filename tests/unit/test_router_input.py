@@ -12,6 +12,7 @@ import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from router_harness import RouterRig, router_rig
 
 MODEL = "standin-model"

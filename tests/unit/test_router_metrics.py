@@ -7,6 +7,7 @@ import re
 
 import httpx
 import pytest
+
 from router_harness import metric, router_rig
 
 MODEL = "standin-model"

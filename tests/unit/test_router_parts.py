@@ -10,14 +10,6 @@ import time
 from typing import Any
 
 import pytest
-from disagg_connector.router.config import ConfigError, DiscoveryKind, RouterConfig, require
-from disagg_connector.router.conversation import TurnEntry
-from disagg_connector.router.discovery.kubernetes import _SliceState, slice_urls
-from disagg_connector.router.engine_body import EngineBodies
-from disagg_connector.router.kv_params import prefill_params, routable, strip_from_events
-from disagg_connector.router.replicas import ReplicaPool, Role
-from disagg_connector.router.selection import Affinity, choose_decode, choose_prefill
-from disagg_operator.cli import build_parser
 from kubernetes.client import (
     DiscoveryV1EndpointPort,
     V1Endpoint,
@@ -25,6 +17,16 @@ from kubernetes.client import (
     V1EndpointSlice,
     V1ObjectMeta,
 )
+
+from disagg.cli import build_parser
+from disagg_contract import Role
+from disagg_router.config import ConfigError, DiscoveryKind, RouterConfig, require
+from disagg_router.conversation import TurnEntry
+from disagg_router.discovery.kubernetes import _SliceState, slice_urls
+from disagg_router.engine_body import EngineBodies
+from disagg_router.kv_params import prefill_params, routable, strip_from_events
+from disagg_router.replicas import ReplicaPool
+from disagg_router.selection import Affinity, choose_decode, choose_prefill
 
 URLS = ("http://127.0.0.1:8100",)
 
@@ -62,7 +64,7 @@ def test_invalid_settings_name_their_flag(config: RouterConfig, flag: str) -> No
 
 
 def test_cli_builds_a_validated_config_without_importing_the_server_stack() -> None:
-    from disagg_connector.router.options import config_from_args
+    from disagg_router.options import config_from_args
 
     args = build_parser().parse_args(
         ["router", "--prefill", "http://p:8100/", "--decode", "http://d:8200", "--store", "redis"]
@@ -75,7 +77,7 @@ def test_cli_builds_a_validated_config_without_importing_the_server_stack() -> N
 
 def test_building_the_cli_imports_no_server_dependency() -> None:
     probe = (
-        "import sys; from disagg_operator.cli import build_parser; build_parser(); "
+        "import sys; from disagg.cli import build_parser; build_parser(); "
         "print(sorted({m.split('.')[0] for m in sys.modules} & "
         "{'fastapi', 'uvicorn', 'httpx', 'redis', 'kubernetes', 'prometheus_client'}))"
     )
@@ -266,7 +268,7 @@ def test_endpoint_slices_yield_ready_endpoints_on_the_named_port() -> None:
 
 
 def test_json_logs_are_one_object_per_line() -> None:
-    from disagg_connector.router.server import JsonFormatter
+    from disagg_router.server import JsonFormatter
 
     record = logging.LogRecord(
         "disagg.router", logging.INFO, __file__, 1, "Prefill done in %dms", (12,), None

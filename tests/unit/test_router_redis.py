@@ -6,6 +6,7 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
+
 from router_harness import RouterRig, metric, redis_server, router_process, start_engine
 
 MODEL = "standin-model"

@@ -7,15 +7,16 @@ import time
 from collections.abc import Awaitable, Callable, Iterator
 
 import pytest
-from disagg_connector.router.conversation import (
+
+from disagg_router.conversation import (
     Lookup,
     TurnEntry,
     bearer_token,
     conversation_key,
 )
-from disagg_connector.router.stores import ConversationStore
-from disagg_connector.router.stores.memory_store import MemoryStore
-from disagg_connector.router.stores.redis_store import RedisStore
+from disagg_router.stores import ConversationStore
+from disagg_router.stores.memory_store import MemoryStore
+from disagg_router.stores.redis_store import RedisStore
 from router_harness import redis_server
 
 StoreFactory = Callable[[], ConversationStore]

@@ -1,0 +1,83 @@
+"""The wire contract between the operator, the launcher, the connector and the router.
+
+Every name, key, port and number that crosses a process boundary is defined here once and
+imported by each side: the operator renders these names into pods and config files, the
+launcher (`disagg serve`) reads them at start-up, the connector inside vLLM writes and reads
+the keys of ``kv_transfer_params``, and the router carries those params between prefill and
+decode. Standard library only, so that every image can import it.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from types import MappingProxyType
+
+
+class Role(enum.StrEnum):
+    """The serving role of one vLLM server in prefill/decode disaggregation."""
+
+    PREFILL = "prefill"
+    DECODE = "decode"
+
+
+KV_ROLE: Mapping[Role, str] = MappingProxyType(
+    {Role.PREFILL: "kv_producer", Role.DECODE: "kv_consumer"}
+)
+"""The ``kv_role`` vLLM's NIXL connector expects per role (``kv_both`` is deprecated there)."""
+
+# --- The connector as vLLM loads it (--kv-transfer-config) ---------------------------------
+CONNECTOR_CLASS = "DisaggConnector"
+"""``kv_connector``: the connector class vLLM instantiates."""
+CONNECTOR_MODULE = "disagg_connector.connector"
+"""``kv_connector_module_path``: where vLLM finds the class (out-of-tree, takes priority)."""
+
+EXTRA_BIDIRECTIONAL = "bidirectional_kv_xfer"
+"""``kv_connector_extra_config`` key: decode retains finished KV and prefill may read it back."""
+EXTRA_DECODER_TTL = "decoder_kv_blocks_ttl"
+"""``kv_connector_extra_config`` key: seconds decode retains a finished request's blocks."""
+EXTRA_RECOMPUTE_THRESHOLD = "kv_recompute_threshold"
+"""``kv_connector_extra_config`` key: fewest reusable tokens worth a D->P read."""
+EXTRA_BACKENDS = "backends"
+"""``kv_connector_extra_config`` key: NIXL transport backends (UCX or LIBFABRIC)."""
+
+# --- kv_transfer_params: what decode offers and prefill reads ------------------------------
+KV_TRANSFER_PARAMS = "kv_transfer_params"
+"""The request and response field that carries the connector's params through the router."""
+EXPIRES_AT_KEY = "disagg_expires_at"
+"""Unix time (decode's wall clock) at which decode frees the retained blocks."""
+TOKEN_DIGEST_KEY = "disagg_token_digest"
+"""The chained per-block digest of the tokens decode's retained KV was computed from."""
+DIGEST_WIRE_VERSION = 1
+"""Version of the digest's wire format; a reader refuses any version it does not know."""
+EXPIRY_MARGIN_S = 5
+"""Seconds before expiry at which an offer is no longer read: vLLM's worker declines reads that
+expire within this margin, so the router drops entries and the operator sizes TTLs by it."""
+
+# --- Ports -----------------------------------------------------------------------------------
+ENGINE_PORT = 8000
+"""The HTTP port of every vLLM server (OpenAI API, /health, /metrics)."""
+ROUTER_PORT = 8000
+"""The HTTP port of `disagg router`."""
+SIDE_CHANNEL_PORT = 5600
+"""The default NIXL side-channel port (handshakes between prefill and decode)."""
+
+# --- Environment variables -------------------------------------------------------------------
+SIDE_CHANNEL_HOST_ENV = "VLLM_NIXL_SIDE_CHANNEL_HOST"
+"""The address vLLM's NIXL side channel binds and advertises as ``remote_host``."""
+SIDE_CHANNEL_PORT_ENV = "VLLM_NIXL_SIDE_CHANNEL_PORT"
+"""The NIXL side-channel port vLLM binds and advertises as ``remote_port``."""
+POD_IP_ENV = "POD_IP"
+"""The pod's IP (downward API); the launcher's default side-channel host."""
+ENGINE_API_KEY_ENV = "VLLM_API_KEY"
+"""The key vLLM requires on its /v1 routes."""
+ROUTER_API_KEY_ENV = "DISAGG_API_KEY"
+"""The key `disagg router` requires of clients and sends to the engines."""
+ROUTER_REDIS_URL_ENV = "DISAGG_REDIS_URL"
+"""The router's Redis URL when it comes from a Secret."""
+FI_PROVIDER_ENV = "FI_PROVIDER"
+"""libfabric's provider (``efa`` on EFA nodes)."""
+IDLE_STEP_WAIT_ENV = "DISAGG_IDLE_STEP_WAIT_MS"
+"""Milliseconds an engine step with nothing to do but hold retained KV may wait (0: off)."""
+NIXL_PROGRESS_DELAY_ENV = "DISAGG_NIXL_PROGRESS_DELAY_US"
+"""Microseconds NIXL's progress thread sleeps between polls (unset: NIXL's default)."""

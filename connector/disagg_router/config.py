@@ -1,0 +1,141 @@
+"""Router settings: one frozen dataclass, validated once at startup."""
+
+from __future__ import annotations
+
+import enum
+import importlib.util
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+from disagg_contract import EXPIRY_MARGIN_S, ROUTER_API_KEY_ENV
+
+
+class ConfigError(ValueError):
+    """A router setting is invalid; the message names the setting and the fix."""
+
+
+class StoreKind(enum.StrEnum):
+    """Where conversation state lives."""
+
+    MEMORY = "memory"
+    REDIS = "redis"
+
+
+class DiscoveryKind(enum.StrEnum):
+    """How the router finds prefill and decode replicas."""
+
+    STATIC = "static"
+    KUBERNETES = "kubernetes"
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    """Everything the router needs; see ``options.add_router_arguments`` for the CLI help."""
+
+    prefill_urls: tuple[str, ...] = ()
+    decode_urls: tuple[str, ...] = ()
+    host: str = "0.0.0.0"
+    port: int = 8000
+    discovery: DiscoveryKind = DiscoveryKind.STATIC
+    namespace: str = "default"
+    prefill_service: str = ""
+    decode_service: str = ""
+    port_name: str = "http"
+    kubeconfig: str = ""
+    store: StoreKind = StoreKind.MEMORY
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    redis_prefix: str = "disagg:conv:"
+    conversation_ttl_s: float = 450.0
+    decode_kv_ttl_s: float = 480.0
+    max_conversations: int = 10_000
+    scope_by_api_key: bool = True
+    max_body_bytes: int = 16 * 1024 * 1024
+    connect_timeout_s: float = 2.0
+    prefill_timeout_s: float = 600.0
+    decode_timeout_s: float = 3600.0
+    health_interval_s: float = 2.0
+    health_timeout_s: float = 1.0
+    health_max_backoff_s: float = 30.0
+    decode_affinity_slack: int = 4
+    kv_bytes_per_token: int = 0
+    log_format: str = "text"
+    api_key: str | None = field(default=None, repr=False)
+
+    def validate(self) -> RouterConfig:
+        """Check cross-field rules and return self; raise ``ConfigError`` naming the field."""
+        if self.store not in set(StoreKind):
+            raise ConfigError(f"--store: {self.store!r} is not one of memory, redis")
+        if self.discovery not in set(DiscoveryKind):
+            raise ConfigError(f"--discovery: {self.discovery!r} is not one of static, kubernetes")
+        if self.store == StoreKind.REDIS:
+            require("redis", "--store redis")
+        if self.discovery == DiscoveryKind.STATIC:
+            if not self.prefill_urls:
+                raise ConfigError("--prefill: give at least one prefill URL (http://host:port)")
+            if not self.decode_urls:
+                raise ConfigError("--decode: give at least one decode URL (http://host:port)")
+            for flag, urls in (("--prefill", self.prefill_urls), ("--decode", self.decode_urls)):
+                for url in urls:
+                    check_url(flag, url)
+        elif not (self.prefill_service and self.decode_service):
+            raise ConfigError(
+                "--prefill-service/--decode-service: both Service names are required "
+                "with --discovery kubernetes"
+            )
+        else:
+            require("kubernetes", "--discovery kubernetes")
+        limit = self.decode_kv_ttl_s - EXPIRY_MARGIN_S
+        if not 0 < self.conversation_ttl_s < limit:
+            raise ConfigError(
+                f"--conversation-ttl: {self.conversation_ttl_s:g}s must be above 0 and strictly "
+                f"below --decode-kv-ttl minus {EXPIRY_MARGIN_S:g}s ({limit:g}s), or "
+                "prefill would try to read decode blocks that are already released"
+            )
+        for name in ("max_conversations", "max_body_bytes", "port"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"--{name.replace('_', '-')}: must be a positive integer")
+        for name in (
+            "connect_timeout_s",
+            "prefill_timeout_s",
+            "decode_timeout_s",
+            "health_interval_s",
+            "health_timeout_s",
+            "health_max_backoff_s",
+        ):
+            if getattr(self, name) <= 0:
+                flag = name.removesuffix("_s").replace("_", "-")
+                raise ConfigError(f"--{flag}: must be a positive number of seconds")
+        if self.decode_affinity_slack < 0 or self.kv_bytes_per_token < 0:
+            raise ConfigError("--decode-affinity-slack/--kv-bytes-per-token: must not be negative")
+        if self.log_format not in ("text", "json"):
+            raise ConfigError("--log-format: choose text or json")
+        if self.api_key is not None:
+            check_api_key(self.api_key)
+        return self
+
+
+def check_api_key(key: str) -> None:
+    """Raise ``ConfigError`` unless ``key`` can travel in an ``Authorization`` header as is."""
+    if not key or not key.isascii() or not key.isprintable() or " " in key:
+        raise ConfigError(
+            f"--api-key/{ROUTER_API_KEY_ENV}: the API key must be non-empty printable ASCII "
+            "without spaces or newlines (a Secret made from a file often ends with a newline: "
+            "kubectl create secret generic NAME --from-literal=token=KEY)"
+        )
+
+
+def require(package: str, option: str) -> None:
+    """Raise ``ConfigError`` naming ``option`` when ``package`` is not installed."""
+    if importlib.util.find_spec(package) is None:
+        raise ConfigError(
+            f"{option}: needs the Python package `{package}`; install it in the router's "
+            "image (pip install 'disagg[router]' brings it)"
+        )
+
+
+def check_url(flag: str, url: str) -> str:
+    """Return ``url`` without a trailing slash if it is http(s)://host:port, else raise."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.path not in ("", "/"):
+        raise ConfigError(f"{flag}: {url!r} is not a base URL like http://10.0.0.1:8100")
+    return url.rstrip("/")

@@ -1,0 +1,112 @@
+"""Prometheus metrics of the router, on a registry of their own (one per app)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from disagg_router.replicas import ReplicaPool
+
+_LATENCY_BUCKETS = (
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0
+)  # fmt: skip
+
+
+class RouterMetrics:
+    """Every series the router exports; names start with ``disagg_router_``."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        reg = self.registry
+        self.requests = Counter(
+            "disagg_router_requests",
+            "Client requests by endpoint and outcome (refused for want of the API key: outcome "
+            "unauthorized, endpoint other for paths that are not generation endpoints).",
+            ["endpoint", "outcome"],
+            registry=reg,
+        )
+        self.lookups = Counter(
+            "disagg_router_conversation_lookups",
+            "Conversation cache lookups by result (hit, miss, expired, stale, no_key).",
+            ["result"],
+            registry=reg,
+        )
+        self.prompt_tokens = Counter(
+            "disagg_router_prompt_tokens",
+            "Prompt tokens prefill reused (prefix cache or D->P read) or recomputed.",
+            ["kind"],
+            registry=reg,
+        )
+        self.prefill_seconds = Histogram(
+            "disagg_router_prefill_duration_seconds",
+            "Prefill request duration.",
+            buckets=_LATENCY_BUCKETS,
+            registry=reg,
+        )
+        self.ttft_seconds = Histogram(
+            "disagg_router_ttft_seconds",
+            "Time from the client request to the first streamed byte of the answer.",
+            buckets=_LATENCY_BUCKETS,
+            registry=reg,
+        )
+        self.e2e_seconds = Histogram(
+            "disagg_router_e2e_latency_seconds",
+            "Time from the client request to the end of the answer.",
+            buckets=_LATENCY_BUCKETS,
+            registry=reg,
+        )
+        self.upstream_errors = Counter(
+            "disagg_router_upstream_errors",
+            "Failed engine calls by role, replica and kind of failure.",
+            ["role", "replica", "kind"],
+            registry=reg,
+        )
+        self.prefill_retries = Counter(
+            "disagg_router_prefill_retries",
+            "Prefill calls retried on another replica.",
+            registry=reg,
+        )
+        self.decode_affinity = Counter(
+            "disagg_router_decode_affinity",
+            "Decode replica choices by affinity result (kept, overloaded, unhealthy, gone, none).",
+            ["result"],
+            registry=reg,
+        )
+        self.pd_saved_tokens = Counter(
+            "disagg_router_pd_saved_tokens",
+            "Estimated prompt tokens decode did not pull from prefill thanks to affinity.",
+            registry=reg,
+        )
+        self.pd_saved_bytes = Counter(
+            "disagg_router_pd_saved_bytes",
+            "pd_saved_tokens times --kv-bytes-per-token (0 when that is unset).",
+            registry=reg,
+        )
+        self.store_errors = Counter(
+            "disagg_router_store_errors",
+            "Conversation store operations that failed (the turn ran without reuse).",
+            ["operation"],
+            registry=reg,
+        )
+        self.outstanding = Gauge(
+            "disagg_router_replica_outstanding",
+            "Requests in flight per replica.",
+            ["role", "replica"],
+            registry=reg,
+        )
+        self.healthy = Gauge(
+            "disagg_router_replica_healthy",
+            "1 if the replica passed its last health check.",
+            ["role", "replica"],
+            registry=reg,
+        )
+
+    def render(self, pools: tuple[ReplicaPool, ...]) -> bytes:
+        """Refresh the replica gauges and return the text exposition."""
+        self.outstanding.clear()
+        self.healthy.clear()
+        for pool in pools:
+            for replica in pool.members():
+                labels = (pool.role.value, replica.url)
+                self.outstanding.labels(*labels).set(replica.outstanding)
+                self.healthy.labels(*labels).set(1 if replica.healthy else 0)
+        return generate_latest(self.registry)

@@ -1,0 +1,156 @@
+"""Reading and checking client requests (the OpenAI subset the router needs to understand).
+
+Only the fields the router acts on are checked; everything else reaches the engines untouched,
+and their own 4xx answers are relayed to the client.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from collections.abc import Collection
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.requests import Request
+
+from disagg_contract import KV_TRANSFER_PARAMS
+from disagg_router.conversation import MAX_CONVERSATION_ID_CHARS, SESSION_HEADER
+from disagg_router.errors import RouterError, bad_request
+
+
+class Endpoint(enum.StrEnum):
+    """The generation endpoints the router serves."""
+
+    CHAT = "/v1/chat/completions"
+    COMPLETIONS = "/v1/completions"
+
+
+@dataclass(frozen=True)
+class ClientRequest:
+    """A checked request; ``body`` is what the engines receive (router fields removed)."""
+
+    endpoint: Endpoint
+    body: dict[str, Any]
+    conversation_id: str | None
+    stream: bool
+
+
+async def read_body(request: Request, max_bytes: int) -> bytes:
+    """Read the body, refusing more than ``max_bytes`` with a 413."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > max_bytes:
+        raise _too_large(max_bytes)
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > max_bytes:
+            raise _too_large(max_bytes)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _too_large(max_bytes: int) -> RouterError:
+    return RouterError(
+        413,
+        f"Request body exceeds the router's limit of {max_bytes} bytes "
+        "(raise --max-body-bytes if such prompts are expected).",
+        code="request_too_large",
+    )
+
+
+def parse_request(
+    endpoint: Endpoint,
+    raw: bytes,
+    session_header: str | None,
+    known_models: Collection[str],
+) -> ClientRequest:
+    """Decode and check ``raw``; raise ``RouterError`` (4xx) naming the offending field."""
+    try:
+        body = json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        raise bad_request(f"Request body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise bad_request("Request body must be a JSON object.")
+    body.pop(KV_TRANSFER_PARAMS, None)
+    conversation_id = _conversation_id(body.pop("conversation_id", None), session_header)
+    _check_model(body.get("model"), known_models)
+    if endpoint is Endpoint.CHAT:
+        _check_messages(body.get("messages"))
+    else:
+        _check_prompt(body.get("prompt"))
+    stream = body.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        raise bad_request("`stream` must be true or false.", "stream")
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        raise bad_request("`stream_options` must be an object.", "stream_options")
+    for name in ("max_tokens", "max_completion_tokens"):
+        value = body.get(name)
+        if value is not None and (not _is_int(value) or value < 1):
+            raise bad_request(f"`{name}` must be a positive integer.", name)
+    n = body.get("n")
+    if n is not None and n != 1:
+        raise bad_request("`n` must be 1: disaggregated serving generates one choice.", "n")
+    return ClientRequest(endpoint, body, conversation_id, bool(stream))
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _conversation_id(value: object, header: str | None) -> str | None:
+    if value is None:
+        if header is None:
+            return None
+        value, field = header, SESSION_HEADER
+    else:
+        field = "conversation_id"
+    if not isinstance(value, str) or not value or len(value) > MAX_CONVERSATION_ID_CHARS:
+        raise bad_request(
+            f"`{field}` must be a non-empty string of at most {MAX_CONVERSATION_ID_CHARS} "
+            "characters.",
+            field,
+        )
+    return value
+
+
+def _check_model(model: object, known_models: Collection[str]) -> None:
+    if model is None:
+        return
+    if not isinstance(model, str) or not model:
+        raise bad_request("`model` must be a non-empty string.", "model")
+    if known_models and model not in known_models:
+        raise RouterError(
+            404,
+            f"The model `{model}` does not exist. "
+            f"Served models: {', '.join(sorted(known_models))}.",
+            param="model",
+            code="model_not_found",
+        )
+
+
+def _check_messages(messages: object) -> None:
+    if not isinstance(messages, list) or not messages:
+        raise bad_request("`messages` is required: a non-empty list of messages.", "messages")
+    for index, message in enumerate(messages):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise bad_request(
+                f"`messages[{index}]` must be an object with a string `role`.", "messages"
+            )
+
+
+def _check_prompt(prompt: object) -> None:
+    if isinstance(prompt, str) and prompt:
+        return
+    if isinstance(prompt, list) and prompt:
+        if all(isinstance(p, str) for p in prompt) or all(_is_int(p) for p in prompt):
+            return
+        if all(isinstance(p, list) and p and all(_is_int(t) for t in p) for p in prompt):
+            return
+    raise bad_request(
+        "`prompt` is required: a non-empty string, list of strings, list of token ids or "
+        "list of token-id lists.",
+        "prompt",
+    )

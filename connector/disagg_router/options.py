@@ -1,0 +1,139 @@
+"""Command-line options of ``disagg router`` (no heavy imports: the CLI loads this eagerly)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from disagg_contract import ENGINE_API_KEY_ENV, ROUTER_API_KEY_ENV
+from disagg_router.config import DiscoveryKind, RouterConfig, StoreKind, check_url
+
+_DEFAULTS = RouterConfig()
+
+
+def add_router_arguments(parser: argparse.ArgumentParser) -> None:
+    """Declare every router option on ``parser``."""
+    d = _DEFAULTS
+    net = parser.add_argument_group("listening")
+    net.add_argument("--host", default=d.host, help="address to listen on (default %(default)s)")
+    net.add_argument("--port", type=int, default=d.port, help="port (default %(default)s)")
+
+    found = parser.add_argument_group("engine replicas")
+    found.add_argument(
+        "--discovery",
+        choices=[k.value for k in DiscoveryKind],
+        default=d.discovery.value,
+        help="static URL lists, or the Services' EndpointSlices (default %(default)s)",
+    )
+    found.add_argument("--prefill", nargs="+", default=[], metavar="URL", help="prefill URLs")
+    found.add_argument("--decode", nargs="+", default=[], metavar="URL", help="decode URLs")
+    found.add_argument("--namespace", default=d.namespace, help="namespace of the Services")
+    found.add_argument("--prefill-service", default="", help="prefill headless Service name")
+    found.add_argument("--decode-service", default="", help="decode headless Service name")
+    found.add_argument(
+        "--port-name", default=d.port_name, help="EndpointSlice port name (default %(default)s)"
+    )
+    found.add_argument(
+        "--kubeconfig",
+        default=d.kubeconfig,
+        help="kubeconfig for running outside the cluster (default: in-cluster credentials, "
+        "else $KUBECONFIG or ~/.kube/config)",
+    )
+
+    conv = parser.add_argument_group("conversations")
+    conv.add_argument("--store", choices=[k.value for k in StoreKind], default=d.store.value)
+    conv.add_argument("--redis-url", default=d.redis_url, help="Redis/Valkey URL for --store redis")
+    conv.add_argument("--redis-prefix", default=d.redis_prefix, help="key prefix in Redis")
+    conv.add_argument(
+        "--conversation-ttl",
+        type=float,
+        default=d.conversation_ttl_s,
+        help="seconds a turn's decode KV is offered to the next turn; must stay below "
+        "--decode-kv-ttl minus 5 s (default %(default)s)",
+    )
+    conv.add_argument(
+        "--decode-kv-ttl",
+        type=float,
+        default=d.decode_kv_ttl_s,
+        help="decode's decoder_kv_blocks_ttl, seconds (default %(default)s)",
+    )
+    conv.add_argument(
+        "--max-conversations",
+        type=int,
+        default=d.max_conversations,
+        help="in-memory store bound, least recently used evicted (default %(default)s); an "
+        "entry holds decode's block ids, a few KB up to ~100 KB for 32k-token contexts",
+    )
+    conv.add_argument(
+        "--no-scope-by-api-key",
+        dest="scope_by_api_key",
+        action="store_false",
+        help="share conversation ids across API keys (default: scoped per key)",
+    )
+
+    auth = parser.add_argument_group("authentication")
+    auth.add_argument(
+        "--api-key",
+        default=None,
+        help=f"API key: clients must send it as 'Authorization: Bearer KEY' (401 otherwise; "
+        "/health and /metrics stay open) and the router sends it to every engine "
+        f"(vLLM's --api-key or {ENGINE_API_KEY_ENV}). Default: ${ROUTER_API_KEY_ENV}; prefer the "
+        "variable, a flag shows in the process list. Without either, nothing is checked",
+    )
+
+    limits = parser.add_argument_group("limits and health")
+    limits.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes)
+    limits.add_argument("--connect-timeout", type=float, default=d.connect_timeout_s)
+    limits.add_argument("--prefill-timeout", type=float, default=d.prefill_timeout_s)
+    limits.add_argument("--decode-timeout", type=float, default=d.decode_timeout_s)
+    limits.add_argument("--health-interval", type=float, default=d.health_interval_s)
+    limits.add_argument("--health-timeout", type=float, default=d.health_timeout_s)
+    limits.add_argument("--health-max-backoff", type=float, default=d.health_max_backoff_s)
+    limits.add_argument(
+        "--decode-affinity-slack",
+        type=int,
+        default=d.decode_affinity_slack,
+        help="keep the previous decode replica unless it has more than this many requests "
+        "in flight beyond the least loaded one (default %(default)s)",
+    )
+    limits.add_argument(
+        "--kv-bytes-per-token",
+        type=int,
+        default=d.kv_bytes_per_token,
+        help="KV bytes per token, to report P->D bytes saved by decode affinity (0: tokens only)",
+    )
+    parser.add_argument("--log-format", choices=["text", "json"], default=d.log_format)
+
+
+def config_from_args(args: argparse.Namespace) -> RouterConfig:
+    """Build and validate a ``RouterConfig`` from parsed options."""
+    return RouterConfig(
+        prefill_urls=tuple(check_url("--prefill", u) for u in args.prefill),
+        decode_urls=tuple(check_url("--decode", u) for u in args.decode),
+        host=args.host,
+        port=args.port,
+        discovery=DiscoveryKind(args.discovery),
+        namespace=args.namespace,
+        prefill_service=args.prefill_service,
+        decode_service=args.decode_service,
+        port_name=args.port_name,
+        kubeconfig=args.kubeconfig,
+        store=StoreKind(args.store),
+        redis_url=args.redis_url,
+        redis_prefix=args.redis_prefix,
+        conversation_ttl_s=args.conversation_ttl,
+        decode_kv_ttl_s=args.decode_kv_ttl,
+        max_conversations=args.max_conversations,
+        scope_by_api_key=args.scope_by_api_key,
+        max_body_bytes=args.max_body_bytes,
+        connect_timeout_s=args.connect_timeout,
+        prefill_timeout_s=args.prefill_timeout,
+        decode_timeout_s=args.decode_timeout,
+        health_interval_s=args.health_interval,
+        health_timeout_s=args.health_timeout,
+        health_max_backoff_s=args.health_max_backoff,
+        decode_affinity_slack=args.decode_affinity_slack,
+        kv_bytes_per_token=args.kv_bytes_per_token,
+        log_format=args.log_format,
+        api_key=args.api_key if args.api_key is not None else os.environ.get(ROUTER_API_KEY_ENV),
+    ).validate()

@@ -1,0 +1,55 @@
+"""Conversation stores: one interface, an in-memory default and a Redis/Valkey one.
+
+Semantics shared by every store (so several router replicas behave as one):
+
+* ``begin_turn`` numbers the turn (per-conversation sequence) and *takes* the stored entry:
+  decode frees retained blocks once prefill has read them, so one entry serves one turn.
+  Concurrent turns of a conversation therefore resolve deterministically: the first to start
+  reuses the KV, the others recompute.
+* ``commit`` stores a successful turn's entry only if no later-started turn committed first
+  (highest sequence wins, whatever order the turns finish in).
+* ``restore`` puts an entry back when its turn failed before prefill could read the blocks,
+  unless a newer turn has committed since.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from disagg_router.config import RouterConfig, StoreKind
+from disagg_router.conversation import TurnEntry, TurnStart
+
+
+class ConversationStore(Protocol):
+    """Per-conversation state behind the router."""
+
+    async def begin_turn(self, key: str) -> TurnStart:
+        """Number a new turn and take the conversation's entry, if any."""
+        ...
+
+    async def commit(self, key: str, entry: TurnEntry) -> bool:
+        """Store ``entry`` (its ``seq`` is the turn's); False if a newer turn won."""
+        ...
+
+    async def restore(self, key: str, entry: TurnEntry) -> bool:
+        """Put back an entry taken by a failed turn; False if superseded."""
+        ...
+
+    async def check(self) -> None:
+        """Raise if the store cannot be reached."""
+        ...
+
+    async def close(self) -> None:
+        """Release connections."""
+        ...
+
+
+def build_store(config: RouterConfig) -> ConversationStore:
+    """Instantiate the store ``config`` names (lazy import of the Redis client)."""
+    if config.store == StoreKind.REDIS:
+        from disagg_router.stores.redis_store import RedisStore
+
+        return RedisStore(config.redis_url, config.redis_prefix, config.conversation_ttl_s)
+    from disagg_router.stores.memory_store import MemoryStore
+
+    return MemoryStore(config.max_conversations)

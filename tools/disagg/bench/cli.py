@@ -1,0 +1,197 @@
+"""``disagg bench``: options and the two modes (drive a router, or plot vLLM's stats files)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import uuid
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from disagg.bench.records import BenchResult, Leg
+
+if TYPE_CHECKING:
+    from disagg.bench.runner import LegTarget
+
+DEFAULT_LENGTHS = "2k:24k:2k"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Declare ``disagg bench``'s options (no heavy imports)."""
+    target = parser.add_argument_group("what to measure")
+    target.add_argument("--router", metavar="URL", help="router of the deployment (ON leg)")
+    target.add_argument(
+        "--off-router",
+        metavar="URL",
+        help="router of a second deployment with bidirectional transfer off (OFF leg); "
+        "default: the --router deployment without conversation_id, so prefill recomputes",
+    )
+    target.add_argument("--legs", choices=["both", "on", "off"], default="both")
+    target.add_argument(
+        "--prefill-metrics",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="a prefill engine's base URL, read for D->P transfer time and reused tokens "
+        "(repeat per prefill replica; without it the figures show prefill time only)",
+    )
+    target.add_argument(
+        "--off-prefill-metrics",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="prefill engines of the --off-router deployment",
+    )
+    target.add_argument("--model", help="model name to request (default: the router's first)")
+
+    sweep = parser.add_argument_group("sweep")
+    sweep.add_argument(
+        "--lengths",
+        default=DEFAULT_LENGTHS,
+        help="prompt length per turn: START:STOP:STEP or a list like 2k,4k,8k "
+        "(default %(default)s, the published sweep)",
+    )
+    sweep.add_argument("--conversations", type=int, default=1, help="conversations per leg")
+    sweep.add_argument("--answer-tokens", type=int, default=32, help="tokens per answer")
+    sweep.add_argument("--seed", default="disagg-bench", help="seed of the user texts")
+
+    output = parser.add_argument_group("output")
+    output.add_argument("--json-dir", type=Path, default=Path("bench-results"))
+    output.add_argument("--figure-dir", type=Path, default=Path("bench-results"))
+    output.add_argument("--subtitle", default="", help="second title line of the figures")
+    output.add_argument(
+        "--from-vllm-stats",
+        nargs="+",
+        type=Path,
+        metavar="FILE",
+        help="plot vLLM multi-turn benchmark --stats-json-output files instead of running: "
+        "ON_FILE [OFF_FILE]",
+    )
+    output.add_argument(
+        "--from-json",
+        type=Path,
+        metavar="FILE",
+        help="redraw the figures and the table of a saved run (ttft-<model>.json) without running",
+    )
+    output.add_argument(
+        "--bin-tokens",
+        type=int,
+        default=1000,
+        help="with --from-vllm-stats: group requests by prompt length in bins of this many "
+        "tokens (default %(default)s)",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the selected mode; bad options exit with a message naming the option."""
+    try:
+        if args.from_vllm_stats:
+            return _plot_vllm_stats(args)
+        if args.from_json:
+            return _replot(args)
+        if not args.router:
+            raise ValueError("--router URL is required (or --from-vllm-stats FILE)")
+        return _run_router(args)
+    except ValueError as exc:
+        print(f"disagg bench: {exc}", file=sys.stderr)
+        return 2
+
+
+def _plot_vllm_stats(args: argparse.Namespace) -> int:
+    from disagg.bench.aggregate import bin_key
+    from disagg.bench.report import summary, write_outputs
+    from disagg.bench.vllm_stats import read_vllm_stats
+
+    files: list[Path] = args.from_vllm_stats
+    if len(files) > 2:
+        raise ValueError("--from-vllm-stats takes ON_FILE and optionally OFF_FILE")
+    records = read_vllm_stats(files[0], Leg.ON)
+    if len(files) == 2:
+        records += read_vllm_stats(files[1], Leg.OFF)
+    model = args.model or files[0].stem
+    result = BenchResult(model, records, {"source": [str(f) for f in files]})
+    key = bin_key(args.bin_tokens)
+    outputs = write_outputs(result, args.json_dir, args.figure_dir, key, args.subtitle)
+    if len(files) == 2:
+        print(summary(result, key))
+    _print_outputs(outputs.json_path, outputs.figures)
+    return 0
+
+
+def _replot(args: argparse.Namespace) -> int:
+    from disagg.bench.report import summary, write_outputs
+
+    try:
+        result = BenchResult.load(args.from_json)
+    except (OSError, KeyError, TypeError) as exc:
+        raise ValueError(
+            f"--from-json {args.from_json}: not a disagg bench result ({exc})"
+        ) from None
+    subtitle = args.subtitle or str(result.setup.get("subtitle", ""))
+    outputs = write_outputs(result, None, args.figure_dir, subtitle=subtitle)
+    print(summary(result))
+    _print_outputs(None, outputs.figures)
+    return 0
+
+
+def _run_router(args: argparse.Namespace) -> int:
+    from disagg.bench.client import ChatClient
+    from disagg.bench.progress import Progress
+    from disagg.bench.report import summary, write_outputs
+    from disagg.bench.runner import Sweep, calibrate, plan_sweep, run_leg
+    from disagg.bench.workload import parse_lengths
+
+    if args.conversations < 1 or args.answer_tokens < 1:
+        raise ValueError("--conversations and --answer-tokens must be at least 1")
+    sweep = Sweep(parse_lengths(args.lengths), args.conversations, args.answer_tokens, args.seed)
+    targets = bench_targets(args)
+    client = ChatClient(targets[0].router_url)
+    try:
+        model = args.model or client.model()
+        calibration, plans = plan_sweep(client, model, sweep)
+    finally:
+        client.close()
+    for url in {t.router_url for t in targets} - {targets[0].router_url}:
+        warm_up = ChatClient(url)
+        try:
+            calibrate(warm_up, model, sweep)
+        finally:
+            warm_up.close()
+    progress = Progress(len(targets) * sweep.conversations * len(plans))
+    run_id = uuid.uuid4().hex[:8]
+    result = BenchResult(
+        model,
+        setup={
+            "lengths": sweep.lengths,
+            "conversations": sweep.conversations,
+            "answer_tokens": sweep.answer_tokens,
+            "tokens_per_word": calibration.tokens_per_word,
+            "legs": {t.leg.value: t.describe() for t in targets},
+            "subtitle": args.subtitle,
+        },
+    )
+    for target in targets:
+        result.records += run_leg(target, model, sweep, plans, progress, run_id)
+    outputs = write_outputs(result, args.json_dir, args.figure_dir, subtitle=args.subtitle)
+    print(summary(result))
+    _print_outputs(outputs.json_path, outputs.figures)
+    return 0
+
+
+def bench_targets(args: argparse.Namespace) -> list[LegTarget]:
+    """The legs to run, OFF first (it never leaves KV behind for the ON leg to find)."""
+    from disagg.bench import runner
+
+    on = runner.LegTarget(Leg.ON, args.router, True, list(args.prefill_metrics))
+    if args.off_router:
+        off = runner.LegTarget(Leg.OFF, args.off_router, True, list(args.off_prefill_metrics))
+    else:
+        off = runner.LegTarget(Leg.OFF, args.router, False, list(args.prefill_metrics))
+    return {"both": [off, on], "on": [on], "off": [off]}[args.legs]
+
+
+def _print_outputs(json_path: Path | None, figures: list[Path]) -> None:
+    if json_path is not None:
+        print(f"results: {json_path}")
+    for figure in figures:
+        print(f"figure:  {figure}")
