@@ -6,6 +6,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from disagg_contract import EXTRA_BACKENDS, EXTRA_BIDIRECTIONAL, EXTRA_DECODER_TTL
 from disagg_operator.names import CONFIG_HASH_ANNOTATION
 
 Manifest = dict[str, Any]
@@ -59,8 +60,8 @@ def _config_map(manifest: Manifest) -> str:
         config = json.loads(text)
         extra = config["kv_connector_extra_config"]
         facts.append(
-            f"{key}: {config['kv_role']} bidir={str(extra['bidirectional_kv_xfer']).lower()} "
-            f"ttl={extra['decoder_kv_blocks_ttl']}s backends={','.join(extra['backends'])}"
+            f"{key}: {config['kv_role']} bidir={str(extra[EXTRA_BIDIRECTIONAL]).lower()} "
+            f"ttl={extra[EXTRA_DECODER_TTL]}s backends={','.join(extra[EXTRA_BACKENDS])}"
         )
     return "; ".join(facts)
 

@@ -31,7 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
         try:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as exc:
-            if exc.name != module_name:
+            if exc.name not in (module_name, module_name.split(".")[0]):
                 raise
             continue
         module.register(subparsers)
