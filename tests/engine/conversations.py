@@ -11,8 +11,8 @@ from typing import Any
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
+from disagg.rig.engine import EngineServer
 from driver import Conversation, PDDriver, TurnResult
-from rig import EngineServer
 
 ANSWER_TOKENS = 24
 LOGPROB_TOLERANCE = 1e-3

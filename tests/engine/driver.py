@@ -15,8 +15,8 @@ from typing import Any
 
 import httpx
 
+from disagg.rig.engine import MODEL_NAME
 from disagg_router.kv_params import prefill_params
-from rig import MODEL_NAME
 
 
 @dataclass

@@ -14,8 +14,10 @@ import pytest
 
 from conftest import DECODE_CORE, PREFILL_CORE, Rig
 from conversations import reuse_record, user_text
-from rig import MODEL_NAME, EngineServer, ServerSpec, start_all
-from router_process import RouterProcess
+from disagg.rig.engine import MODEL_NAME, EngineServer, ServerSpec, start_all
+from disagg.rig.router import RouterProcess
+from disagg_contract import Role
+from probes import lookups
 
 pytestmark = pytest.mark.engine
 
@@ -27,8 +29,8 @@ BEARER = {"Authorization": f"Bearer {KEY}"}
 def keyed(rig: Rig) -> Iterator[tuple[EngineServer, EngineServer]]:
     """A bidirectional prefill/decode pair that requires ``KEY``."""
     specs = [
-        ServerSpec("prefill-auth", "prefill", 18104, 15606, PREFILL_CORE),
-        ServerSpec("decode-auth", "decode", 18204, 15607, DECODE_CORE),
+        ServerSpec("prefill-auth", Role.PREFILL, 18104, 15606, PREFILL_CORE),
+        ServerSpec("decode-auth", Role.DECODE, 18204, 15607, DECODE_CORE),
     ]
     servers = [rig.decode_server(spec) for spec in specs]
     for server in servers:
@@ -80,7 +82,7 @@ def test_keyed_engines_behind_the_router_serve_only_with_the_key_and_still_reuse
         )
         assert second.status_code == 200, second.text
         assert second.text.rstrip().endswith("data: [DONE]"), second.text
-        assert router.lookups("hit") == 1
+        assert lookups(router, "hit") == 1
         record = reuse_record(prefill, request_id)
         assert record.verdict == "verified" and record.read == record.verified > 0, record
     finally:

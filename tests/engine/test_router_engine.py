@@ -24,8 +24,10 @@ import pytest
 
 from conftest import DECODE_CORE, Rig
 from conversations import ANSWER_TOKENS, LOGPROB_TOLERANCE, reuse_record, user_text
-from rig import MODEL_NAME, EngineServer, ServerSpec, start_all
-from router_process import RouterProcess
+from disagg.rig.engine import MODEL_NAME, EngineServer, ServerSpec, start_all
+from disagg.rig.router import RouterProcess
+from disagg_contract import Role
+from probes import counter, lookups, metric
 
 pytestmark = pytest.mark.engine
 
@@ -132,16 +134,16 @@ def test_turns_hit_from_turn_two_read_decode_kv_and_match_off(
     rig: Rig, routers: Routers, stream: bool
 ) -> None:
     users = [user_text(80, 170), user_text(81, 60), user_text(82, 60)]
-    hits, misses = routers.on.lookups("hit"), routers.on.lookups("miss")
+    hits, misses = lookups(routers.on, "hit"), lookups(routers.on, "miss")
     conversation = f"conv-{uuid.uuid4().hex[:8]}"
     on = converse(routers.on, conversation, users, stream)
     off = converse(routers.off, conversation, users, stream)
     assert_same(on, off)
-    assert (routers.on.lookups("hit") - hits, routers.on.lookups("miss") - misses) == (2, 1)
+    assert (lookups(routers.on, "hit") - hits, lookups(routers.on, "miss") - misses) == (2, 1)
     for answer in on[1:]:
         record = reuse_record(rig.on.prefill, answer.request_id)
         assert record.verdict == "verified" and record.read == record.verified > 0, record
-    assert routers.off.lookups("hit") == 0, "bidirectional off: decode offers nothing"
+    assert lookups(routers.off, "hit") == 0, "bidirectional off: decode offers nothing"
     log = routers.on.log_path.read_text()
     assert len(re.findall(r"Prefill done in \d+ms .*conversation cache HIT", log)) >= 2
 
@@ -172,7 +174,7 @@ def test_edited_history_reuses_only_the_verified_prefix_and_matches_off(
 @pytest.fixture
 def extra_decode(rig: Rig) -> Iterator[EngineServer]:
     server = rig.decode_server(
-        ServerSpec("decode-router-kill", "decode", 18203, 15605, DECODE_CORE)
+        ServerSpec("decode-router-kill", Role.DECODE, 18203, 15605, DECODE_CORE)
     )
     start_all([server])
     yield server
@@ -180,7 +182,7 @@ def extra_decode(rig: Rig) -> Iterator[EngineServer]:
 
 
 def served(server: EngineServer) -> float:
-    return server.counter("vllm:request_success_total")
+    return counter(server, "vllm:request_success_total")
 
 
 def two_turns(users: list[str], first_answer: str) -> list[list[dict[str, str]]]:
@@ -222,9 +224,9 @@ def test_decode_killed_between_turns_next_turn_recomputes_without_error(
         second = ask(router, conversation, turns[1], True)
         off = [ask(routers.off, conversation, messages, True) for messages in turns]
         assert_same([first, second], off)
-        assert router.lookups("stale") == 1, "the dead decode's entry is not offered"
+        assert lookups(router, "stale") == 1, "the dead decode's entry is not offered"
         labels = {"endpoint": "/v1/chat/completions", "outcome": "success"}
-        assert router.metric("disagg_router_requests_total", **labels) == 2
+        assert metric(router, "disagg_router_requests_total", **labels) == 2
     finally:
         router.stop()
 
@@ -247,6 +249,6 @@ def test_turn_after_the_conversation_ttl_is_a_clean_miss(rig: Rig, routers: Rout
         second = ask(router, conversation, turns[1], False)
         off = [ask(routers.off, conversation, messages, False) for messages in turns]
         assert_same([first, second], off)
-        assert (router.lookups("expired"), router.lookups("hit")) == (1, 0)
+        assert (lookups(router, "expired"), lookups(router, "hit")) == (1, 0)
     finally:
         router.stop()

