@@ -1,11 +1,12 @@
 """Let an idle engine that only holds retained KV blocks wait for input instead of spinning.
 
 While a finished request's blocks are retained (decode keeping a turn for D->P reads, or
-prefill waiting for decode's read), vLLM keeps stepping its engine every ~1 ms and its worker
-busy-polls the step queue: about one core while nothing happens. With
-``DISAGG_IDLE_STEP_WAIT_MS`` set, the scheduler-side connector makes such an idle step wait up
-to that long on the engine's input queue, waking at once when a request arrives. Freeing blocks
-(read notifications, TTL expiry) is then noticed up to that much later; nothing else changes.
+prefill waiting for decode's read), vLLM keeps stepping its engine and its worker busy-polls
+the step queue, keeping a core busy while nothing happens (the README's "Small machines" has
+the figures). With ``DISAGG_IDLE_STEP_WAIT_MS`` set, the scheduler-side connector makes such
+an idle step wait up to that long on the engine's input queue, waking at once when a request
+arrives. Freeing blocks (read notifications, TTL expiry) is then noticed up to that much later;
+nothing else changes.
 """
 
 from __future__ import annotations

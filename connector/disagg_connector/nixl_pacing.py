@@ -2,8 +2,9 @@
 
 NIXL's Python agent hard-codes a progress-thread delay of 0 us, so the thread busy-loops.
 With ``DISAGG_NIXL_PROGRESS_DELAY_US`` set, the connector builds its NIXL agent with that
-delay (about 1000 us keeps UCX-over-TCP transfers progressing without the spin). The change
-is scoped to the construction of our worker's agent; NIXL's module is restored right after.
+delay, long enough to stop the spin and short enough to keep transfers progressing (the
+README's "Small machines" has the value the engine tests run with). The change is scoped to
+the construction of our worker's agent; NIXL's module is restored right after.
 """
 
 from __future__ import annotations
