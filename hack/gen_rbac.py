@@ -1,8 +1,11 @@
 """The operator's least-privilege RBAC rules: the one source the Helm chart consumes.
 
-`python hack/gen_rbac.py --write` writes them to
+`python hack/gen_rbac.py --write` (`make operator-rbac`) writes them to
 `charts/disagg-operator/files/operator-rbac-rules.yaml` (`--check` fails when that file is
-stale). Layout and use by the chart: /work/notes/rbac-contract.md and the file's header.
+stale). The file has three lists: `namespaced` (needed in every watched namespace),
+`peering.namespaced` and `peering.clusterwide` (kopf's peering, for a Role per namespace or the
+ClusterRole); its header says the same. The chart's `templates/rbac.yaml` builds a Role per
+namespace or one ClusterRole from them, dropping the Secrets rule unless `rbac.readSecrets`.
 """
 
 from __future__ import annotations

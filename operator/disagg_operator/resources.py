@@ -1,7 +1,8 @@
 """The Kubernetes resources the operator reads and writes, in one table.
 
-The apply module builds API paths from it, the handlers watch the child kinds it lists and
-:mod:`gen_rbac` derives the operator's permissions from it.
+The operator's client (:mod:`disagg_operator.kubeapi`) builds API paths from it, the handlers
+watch the child kinds it lists and ``hack/gen_rbac.py`` derives the operator's permissions from
+it.
 """
 
 from __future__ import annotations
