@@ -7,7 +7,7 @@ import importlib.util
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from disagg_contract import EXPIRY_MARGIN_S, ROUTER_API_KEY_ENV
+from disagg_contract import EXPIRY_MARGIN_S, ROUTER_API_KEY_ENV, ROUTER_PORT
 
 
 class ConfigError(ValueError):
@@ -35,7 +35,7 @@ class RouterConfig:
     prefill_urls: tuple[str, ...] = ()
     decode_urls: tuple[str, ...] = ()
     host: str = "0.0.0.0"
-    port: int = 8000
+    port: int = ROUTER_PORT
     discovery: DiscoveryKind = DiscoveryKind.STATIC
     namespace: str = "default"
     prefill_service: str = ""

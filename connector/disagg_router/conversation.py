@@ -9,6 +9,8 @@ import time
 from dataclasses import dataclass, fields
 from typing import Any
 
+from disagg_contract import KV_TRANSFER_PARAMS
+
 SESSION_HEADER = "X-Session-ID"
 MAX_CONVERSATION_ID_CHARS = 512
 
@@ -43,7 +45,7 @@ class TurnEntry:
         """Inverse of ``to_json``."""
         data = json.loads(text)
         return cls(
-            kv_transfer_params=dict(data["kv_transfer_params"]),
+            kv_transfer_params=dict(data[KV_TRANSFER_PARAMS]),
             decode_url=str(data["decode_url"]),
             created_at=float(data["created_at"]),
             expires_at=float(data["expires_at"]),

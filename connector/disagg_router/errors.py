@@ -9,6 +9,7 @@ from typing import Any
 from starlette.datastructures import Headers
 from starlette.responses import Response
 
+from disagg_contract import ENGINE_API_KEY_ENV, ROUTER_API_KEY_ENV
 from disagg_router.codec import json_object
 
 REQUEST_ID_HEADER = "X-Request-Id"
@@ -65,8 +66,8 @@ def engine_refusal(status: int, content: bytes, role: str) -> RouterError:
         return upstream_error(
             502,
             f"{role} refused the router's API key (HTTP 401): the router and the engines need "
-            "the same key (spec.auth.apiKeySecret; disagg router --api-key or DISAGG_API_KEY, "
-            "vLLM --api-key or VLLM_API_KEY).",
+            "the same key (spec.auth.apiKeySecret; disagg router --api-key or "
+            f"{ROUTER_API_KEY_ENV}, vLLM --api-key or {ENGINE_API_KEY_ENV}).",
             "engine_unauthorized",
         )
     return EngineRejected(status, content)

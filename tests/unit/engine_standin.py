@@ -27,6 +27,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from disagg_contract import EXPIRES_AT_KEY, KV_TRANSFER_PARAMS, SIDE_CHANNEL_PORT
+
 MODEL = "standin-model"
 DEFAULT_MAX_TOKENS = 8
 BLOCK_SIZE = 16
@@ -39,7 +41,7 @@ class StandinState:
     role: str
     name: str
     side_channel_host: str = "localhost"
-    side_channel_port: int = 5600
+    side_channel_port: int = SIDE_CHANNEL_PORT
     record: bool = True
     stream_kv: bool = True
     publish_expiry_s: float | None = None
@@ -78,7 +80,7 @@ def _kv_params(state: StandinState, request_id: str, tokens: int) -> dict[str, A
     decode = state.role == "decode"
     published = {}
     if decode and state.publish_expiry_s is not None:
-        published["disagg_expires_at"] = time.time() + state.publish_expiry_s
+        published[EXPIRES_AT_KEY] = time.time() + state.publish_expiry_s
     return {
         **published,
         "do_remote_prefill": not decode,
@@ -180,7 +182,7 @@ def _choice(chat: bool, text: str, finish: str | None) -> dict[str, Any]:
 def _prefill(
     state: StandinState, body: dict[str, Any], chat: bool, request_id: str, prompt_tokens: int
 ) -> dict[str, Any]:
-    params = body.get("kv_transfer_params") or {}
+    params = body.get(KV_TRANSFER_PARAMS) or {}
     cached = 0
     if params.get("do_remote_decode") and params.get("remote_block_ids"):
         cached = min(int(params.get("remote_num_tokens") or 0), prompt_tokens)
@@ -192,7 +194,7 @@ def _prefill(
         "model": MODEL,
         "choices": [_choice(chat, answer_words(body, 1)[0], "length")],
         "usage": _usage(prompt_tokens, 1, cached),
-        "kv_transfer_params": _kv_params(state, request_id, prompt_tokens),
+        KV_TRANSFER_PARAMS: _kv_params(state, request_id, prompt_tokens),
     }
 
 
@@ -211,7 +213,7 @@ def _complete(
         "model": MODEL,
         "choices": [_choice(chat, " ".join(words), "length")],
         "usage": _usage(prompt_tokens, len(words)),
-        "kv_transfer_params": kv,
+        KV_TRANSFER_PARAMS: kv,
     }
 
 
@@ -245,7 +247,7 @@ async def _stream(
             await asyncio.sleep(state.token_delay_s)
         last = index == len(words) - 1
         text = word if index == 0 else " " + word
-        extra = {"kv_transfer_params": kv} if last and state.stream_kv else {}
+        extra = {KV_TRANSFER_PARAMS: kv} if last and state.stream_kv else {}
         yield event([piece(text, "length" if last else None)], **extra)
     options = body.get("stream_options") or {}
     if options.get("include_usage"):
