@@ -35,7 +35,7 @@ from disagg_router.metrics import RouterMetrics
 from disagg_router.openai_request import Endpoint, parse_request, read_body
 from disagg_router.relay import DecodeRelay
 from disagg_router.replicas import Replica, ReplicaPool
-from disagg_router.selection import Affinity, choose_decode, choose_prefill
+from disagg_router.routing import Affinity, ConversationAffinity, LeastOutstanding
 from disagg_router.stores import ConversationStore
 from disagg_router.turn import Turn
 from disagg_router.upstream import EngineClient, EngineResponse, UpstreamFailure
@@ -70,6 +70,8 @@ class ProxyService:
         self._store = store
         self._metrics = metrics
         self._health = health
+        self._prefill_routing = LeastOutstanding()
+        self._decode_routing = ConversationAffinity(config.decode_affinity_slack)
 
     async def handle(self, endpoint: Endpoint, request: Request) -> ASGIApp:
         """Serve one generation request end to end: the response to send; never raises."""
@@ -157,7 +159,7 @@ class ProxyService:
         tried: list[Replica] = []
         failure = upstream_error(503, "No healthy prefill replica.", "no_prefill_replica")
         for attempt in range(2):
-            replica = choose_prefill(self._prefill, tuple(tried))
+            replica = self._prefill_routing.choose(self._prefill, exclude=tried).replica
             if replica is None:
                 break
             if attempt:
@@ -223,18 +225,16 @@ class ProxyService:
 
     async def _run_decode(self, turn: Turn, prefilled: _Prefilled) -> ASGIApp:
         previous = turn.start.previous_decode if turn.start else None
-        replica, affinity = choose_decode(
-            self._decode, previous, self._config.decode_affinity_slack
-        )
-        self._metrics.decode_affinity.labels(affinity.value).inc()
-        if affinity is Affinity.KEPT and turn.entry is not None:
+        choice = self._decode_routing.choose(self._decode, previous)
+        self._metrics.decode_affinity.labels(choice.affinity.value).inc()
+        if choice.affinity is Affinity.KEPT and turn.entry is not None:
             retained = turn.entry.kv_transfer_params.get("remote_num_tokens")
             if isinstance(retained, int) and retained > 0:
                 saved = min(retained, prefilled.prompt_tokens)
                 self._metrics.pd_saved_tokens.inc(saved)
                 self._metrics.pd_saved_bytes.inc(saved * self._config.kv_bytes_per_token)
         body = turn.bodies.decode(prefilled.params)
-        replica, response = await self._send_decode(turn, replica, body)
+        replica, response = await self._send_decode(turn, choice.replica, body)
         relay = DecodeRelay(self, turn, replica, response)
         return relay if turn.request.stream else await relay.complete()
 
@@ -260,7 +260,7 @@ class ProxyService:
                 if not refused:
                     raise upstream_error(502, "Decode transport error.", "decode") from None
                 failure = upstream_error(503, "Decode replica unreachable.", "decode_unreachable")
-                replica = self._decode.least_outstanding(tried)
+                replica = self._decode_routing.choose(self._decode, exclude=tried).replica
                 continue
             if response.status == 200:
                 return replica, response

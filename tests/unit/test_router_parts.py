@@ -26,7 +26,7 @@ from disagg_router.discovery.kubernetes import _SliceState, slice_urls
 from disagg_router.engine_body import EngineBodies
 from disagg_router.kv_params import prefill_params, routable, strip_from_events
 from disagg_router.replicas import ReplicaPool
-from disagg_router.selection import Affinity, choose_decode, choose_prefill
+from disagg_router.routing import Affinity, Choice, ConversationAffinity, LeastOutstanding
 
 URLS = ("http://127.0.0.1:8100",)
 
@@ -89,34 +89,38 @@ def test_prefill_choice_is_least_outstanding_and_skips_unhealthy_and_excluded() 
     prefill = pool(Role.PREFILL, "http://a", "http://b", "http://c")
     a, b, c = prefill.members()
     a.outstanding, b.outstanding, c.outstanding = 3, 1, 2
-    assert choose_prefill(prefill) is b
+    routing = LeastOutstanding()
+    assert routing.choose(prefill) == Choice(b, Affinity.NONE)
     prefill.mark_failed(b)
-    assert choose_prefill(prefill) is c
-    assert choose_prefill(prefill, (c,)) is a
+    assert routing.choose(prefill, "http://b") == Choice(c, Affinity.NONE)
+    assert routing.choose(prefill, exclude=(c,)) == Choice(a, Affinity.NONE)
     prefill.mark_failed(a)
     prefill.mark_failed(c)
-    assert choose_prefill(prefill) is None
+    assert routing.choose(prefill) == Choice(None, Affinity.NONE)
 
 
 def test_prefill_ties_rotate() -> None:
     prefill = pool(Role.PREFILL, "http://a", "http://b")
-    picked = {choose_prefill(prefill) for _ in range(4)}
+    picked = {LeastOutstanding().choose(prefill).replica for _ in range(4)}
     assert picked == set(prefill.members())
 
 
 def test_decode_affinity_kept_unless_overloaded_unhealthy_or_gone() -> None:
     decode = pool(Role.DECODE, "http://a", "http://b")
     a, b = decode.members()
-    assert choose_decode(decode, None, slack=2)[1] is Affinity.NONE
-    assert choose_decode(decode, "http://a", slack=2) == (a, Affinity.KEPT)
+    routing = ConversationAffinity(slack=2)
+    assert routing.choose(decode).affinity is Affinity.NONE
+    assert routing.choose(decode, "http://a") == Choice(a, Affinity.KEPT)
     a.outstanding = 2
-    assert choose_decode(decode, "http://a", slack=2) == (a, Affinity.KEPT)
+    assert routing.choose(decode, "http://a") == Choice(a, Affinity.KEPT)
+    assert routing.choose(decode, "http://a", exclude=(a,)) == Choice(b, Affinity.UNHEALTHY)
     a.outstanding = 3
-    assert choose_decode(decode, "http://a", slack=2) == (b, Affinity.OVERLOADED)
+    assert routing.choose(decode, "http://a") == Choice(b, Affinity.OVERLOADED)
     a.outstanding = 0
     decode.mark_failed(a)
-    assert choose_decode(decode, "http://a", slack=2) == (b, Affinity.UNHEALTHY)
-    assert choose_decode(decode, "http://gone", slack=2) == (b, Affinity.GONE)
+    assert routing.choose(decode, "http://a") == Choice(b, Affinity.UNHEALTHY)
+    assert routing.choose(decode, "http://gone") == Choice(b, Affinity.GONE)
+    assert routing.choose(decode, exclude=(b,)) == Choice(None, Affinity.NONE)
 
 
 def test_failed_replicas_back_off_exponentially_up_to_the_cap() -> None:
