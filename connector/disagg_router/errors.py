@@ -10,7 +10,7 @@ from starlette.datastructures import Headers
 from starlette.responses import Response
 
 from disagg_contract import ENGINE_API_KEY_ENV, ROUTER_API_KEY_ENV
-from disagg_router.codec import json_object
+from disagg_router.payloads import json_object
 
 REQUEST_ID_HEADER = "X-Request-Id"
 _MAX_REQUEST_ID_CHARS = 128

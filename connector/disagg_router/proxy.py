@@ -11,7 +11,6 @@ from starlette.requests import Request
 from starlette.types import ASGIApp
 
 from disagg_contract import EXPIRES_AT_KEY, EXPIRY_MARGIN_S, KV_TRANSFER_PARAMS
-from disagg_router.codec import json_object
 from disagg_router.config import RouterConfig
 from disagg_router.conversation import (
     SESSION_HEADER,
@@ -20,7 +19,6 @@ from disagg_router.conversation import (
     bearer_token,
     conversation_key,
 )
-from disagg_router.engine_body import EngineBodies
 from disagg_router.errors import (
     RouterError,
     engine_message,
@@ -30,9 +28,9 @@ from disagg_router.errors import (
     upstream_error,
 )
 from disagg_router.health import HealthChecker
-from disagg_router.kv_params import prefill_params, routable
 from disagg_router.metrics import RouterMetrics
 from disagg_router.openai_request import Endpoint, parse_request, read_body
+from disagg_router.payloads import EngineBodies, json_object, prefill_params, prompt_usage, routable
 from disagg_router.relay import DecodeRelay
 from disagg_router.replicas import Replica, ReplicaPool
 from disagg_router.routing import Affinity, ConversationAffinity, LeastOutstanding
@@ -212,13 +210,7 @@ class ProxyService:
         raise failure
 
     def _count_tokens(self, prefill_response: dict[str, Any]) -> int:
-        usage = prefill_response.get("usage")
-        if not isinstance(usage, dict) or not isinstance(usage.get("prompt_tokens"), int):
-            return 0
-        prompt_tokens: int = usage["prompt_tokens"]
-        details = usage.get("prompt_tokens_details")
-        cached = details.get("cached_tokens") if isinstance(details, dict) else None
-        reused = min(cached, prompt_tokens) if isinstance(cached, int) and cached > 0 else 0
+        prompt_tokens, reused = prompt_usage(prefill_response)
         self._metrics.prompt_tokens.labels("reused").inc(reused)
         self._metrics.prompt_tokens.labels("recomputed").inc(prompt_tokens - reused)
         return prompt_tokens

@@ -15,9 +15,8 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from disagg_contract import KV_TRANSFER_PARAMS
-from disagg_router.codec import dumps, json_object
 from disagg_router.errors import REQUEST_ID_HEADER, error_body, upstream_error
-from disagg_router.kv_params import KV_MARKER, strip_from_events
+from disagg_router.payloads import KV_MARKER, dumps, json_object, strip_from_events
 from disagg_router.replicas import Replica
 from disagg_router.turn import Turn
 from disagg_router.upstream import EngineResponse, UpstreamFailure

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from disagg_router.conversation import Lookup, TurnEntry, TurnStart
-from disagg_router.engine_body import EngineBodies
 from disagg_router.openai_request import ClientRequest
+from disagg_router.payloads import EngineBodies
 
 
 @dataclass

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 
 from disagg.rig.engine import MODEL_NAME
-from disagg_router.kv_params import prefill_params
+from disagg_router.payloads import prefill_params
 
 
 @dataclass

@@ -23,8 +23,7 @@ from disagg_contract import Role
 from disagg_router.config import ConfigError, DiscoveryKind, RouterConfig, require
 from disagg_router.conversation import TurnEntry
 from disagg_router.discovery.kubernetes import _SliceState, slice_urls
-from disagg_router.engine_body import EngineBodies
-from disagg_router.kv_params import prefill_params, routable, strip_from_events
+from disagg_router.payloads import EngineBodies, prefill_params, routable, strip_from_events
 from disagg_router.replicas import ReplicaPool
 from disagg_router.routing import Affinity, Choice, ConversationAffinity, LeastOutstanding
 
