@@ -1,9 +1,9 @@
-"""ASGI app wiring: generation requests go straight to the proxy, FastAPI serves the rest.
+"""ASGI app wiring: generation requests go straight to the proxy's turn, FastAPI serves the rest.
 
-The two generation endpoints skip FastAPI's routing and middleware stack and Starlette's
-streaming response (together about 0.2 ms of CPU per streamed turn on a 2-core test box); the
-lifespan, which owns the engine client and the router's parts, and every other route stay
-with FastAPI.
+The lifespan opens the one engine client session and starts discovery and health checks, and
+closes them at shutdown. The two generation endpoints are raw ASGI: they skip FastAPI's
+routing and middleware stack and Starlette's streaming response, a fast path whose saving
+benchmarks/README.md (router section) records; every other route stays with FastAPI.
 """
 
 from __future__ import annotations
@@ -61,11 +61,10 @@ class RouterApp:
         if endpoint is None:
             await self._api(scope, receive, send)
             return
-        request = Request(scope, receive)
-        if request.method == "POST":
-            response = await self.state.proxy.handle(endpoint, request)
-        else:
-            response = not_routed(405, "Method Not Allowed", request)
+        if scope["method"] == "POST":
+            await self.state.proxy.serve_turn(endpoint, scope, receive, send)
+            return
+        response = not_routed(405, "Method Not Allowed", Request(scope, receive))
         await response(scope, receive, send)
 
 

@@ -1,14 +1,34 @@
-"""The proxy service: one client turn is a prefill call, a decode call and conversation upkeep."""
+"""A client turn top to bottom: resolve the conversation, prefill, decode, relay and commit.
+
+``ProxyService.serve_turn`` is the router's whole prefill/decode protocol, for both generation
+endpoints, streamed or not, in four numbered stages:
+
+1. resolve the conversation: take its entry (decode's KV params from the previous turn) from
+   the store;
+2. prefill one token, carrying that entry's params on a hit so that prefill reads decode's
+   retained blocks (D->P);
+3. decode with the params prefill returned (decode reads prefill's blocks, P->D), preferably
+   on the replica that served the previous turn;
+4. relay decode's answer to the client without its params, and commit those as the
+   conversation's entry for its next turn.
+
+An error before the answer starts goes to the client as an OpenAI error response, and an
+entry prefill never read goes back to the store. A streamed answer is relayed as raw ASGI
+messages cut at SSE event boundaries; a client that leaves mid-stream cancels the relay,
+which closes the decode connection (vLLM then aborts the request).
+"""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 from starlette.requests import Request
-from starlette.types import ASGIApp
+from starlette.responses import Response
+from starlette.types import Message, Receive, Scope, Send
 
 from disagg_contract import EXPIRES_AT_KEY, EXPIRY_MARGIN_S, KV_TRANSFER_PARAMS
 from disagg_router.config import RouterConfig
@@ -16,13 +36,16 @@ from disagg_router.conversation import (
     SESSION_HEADER,
     Lookup,
     TurnEntry,
+    TurnStart,
     bearer_token,
     conversation_key,
 )
 from disagg_router.errors import (
+    REQUEST_ID_HEADER,
     RouterError,
     engine_message,
     engine_refusal,
+    error_body,
     error_response,
     request_id_of,
     upstream_error,
@@ -30,26 +53,30 @@ from disagg_router.errors import (
 from disagg_router.health import HealthChecker
 from disagg_router.metrics import RouterMetrics
 from disagg_router.openai_request import Endpoint, parse_request, read_body
-from disagg_router.payloads import EngineBodies, json_object, prefill_params, prompt_usage, routable
-from disagg_router.relay import DecodeRelay
+from disagg_router.payloads import (
+    EngineBodies,
+    dumps,
+    json_object,
+    prefill_params,
+    prompt_usage,
+    routable,
+    strip_from_events,
+)
 from disagg_router.replicas import Replica, ReplicaPool
 from disagg_router.routing import Affinity, ConversationAffinity, LeastOutstanding
 from disagg_router.stores import ConversationStore
-from disagg_router.turn import Turn
 from disagg_router.upstream import EngineClient, EngineResponse, UpstreamFailure
 
 log = logging.getLogger("disagg.router")
 
-
-@dataclass(frozen=True)
-class _Prefilled:
-    replica: Replica
-    params: dict[str, Any] | None
-    prompt_tokens: int
+_SSE_CONTENT_TYPE = b"text/event-stream; charset=utf-8"
+_REQUEST_ID = REQUEST_ID_HEADER.lower().encode()
+_END: Message = {"type": "http.response.body", "body": b"", "more_body": False}
 
 
 class ProxyService:
-    """Routes turns across the prefill and decode pools and remembers decode's KV per turn."""
+    """Serves client turns across the prefill and decode pools and keeps, per conversation,
+    the params of the KV its last turn left on decode."""
 
     def __init__(
         self,
@@ -71,75 +98,270 @@ class ProxyService:
         self._prefill_routing = LeastOutstanding()
         self._decode_routing = ConversationAffinity(config.decode_affinity_slack)
 
-    async def handle(self, endpoint: Endpoint, request: Request) -> ASGIApp:
-        """Serve one generation request end to end: the response to send; never raises."""
+    async def serve_turn(
+        self, endpoint: Endpoint, scope: Scope, receive: Receive, send: Send
+    ) -> None:
+        """Serve one POST to a generation endpoint, streamed or not, end to end.
+
+        Every error before the answer starts is answered as an OpenAI error; only a failure
+        to send the answer itself propagates (to the server, which logs it).
+        """
+        request = Request(scope, receive)
         request_id = request_id_of(request.headers)
-        turn: Turn | None = None
+        started = time.perf_counter()
+        key: str | None = None
+        start: TurnStart | None = None
+        entry: TurnEntry | None = None
+        entry_spent = False  # prefill may have read the entry's blocks: it cannot go back
+        answer: EngineResponse | None = None
+        answering = False  # the answer started: an error can no longer be sent instead
         try:
             raw = await read_body(request, self._config.max_body_bytes)
-            parsed = parse_request(
+            turn = parse_request(
                 endpoint, raw, request.headers.get(SESSION_HEADER), self._health.model_ids
             )
-            turn = Turn(parsed, EngineBodies(parsed.body), request_id, time.perf_counter())
+            bodies = EngineBodies(turn.body)
             if not self._decode.healthy():
                 raise upstream_error(503, "No healthy decode replica.", "no_decode_replica")
-            await self._begin(turn, bearer_token(request.headers.get("authorization")))
-            prefilled = await self._run_prefill(turn)
-            return await self._run_decode(turn, prefilled)
-        except RouterError as error:
-            outcome = "client_error" if error.status < 500 else "upstream_error"
-            return await self._fail(endpoint, request_id, turn, error, outcome)
-        except Exception:
-            log.exception("[%s] router error", request_id)
-            internal = RouterError(500, "Internal router error.", error_type="server_error")
-            return await self._fail(endpoint, request_id, turn, internal, "router_error")
 
-    async def _fail(
-        self,
-        endpoint: Endpoint,
-        request_id: str,
-        turn: Turn | None,
-        error: RouterError,
-        outcome: str,
-    ) -> ASGIApp:
-        if turn is not None and turn.key and turn.entry is not None and not turn.entry_spent:
+            # 1. Resolve the conversation: take its entry from the store (one entry serves one
+            #    turn), unless the decode replica holding that KV left, failed or came back
+            #    since. Without the store the turn runs as a miss, counted as a store error.
+            if turn.conversation_id is None:
+                lookup = Lookup.NO_KEY
+                self._metrics.lookups.labels(lookup.value).inc()
+            else:
+                api_key = bearer_token(request.headers.get("authorization"))
+                key = conversation_key(turn.conversation_id, api_key, self._config.scope_by_api_key)
+                try:
+                    start = await self._store.begin_turn(key)
+                except Exception as exc:
+                    self._store_failed("begin_turn", exc)
+                    lookup = Lookup.MISS
+                else:
+                    lookup, entry = start.lookup, start.entry
+                    holder = self._decode.get(entry.decode_url) if entry is not None else None
+                    if entry is not None and (
+                        holder is None
+                        or not holder.healthy
+                        or holder.recovered_at >= entry.created_at
+                    ):
+                        lookup, entry = Lookup.STALE, None
+                    self._metrics.lookups.labels(lookup.value).inc()
+
+            # 2. Prefill one token, with the entry's params on a hit (prefill reads decode's
+            #    blocks: D->P). A failed call is retried once on another replica; once prefill
+            #    may have read the blocks, the retry goes without them.
+            params = prefill_params(entry)
+            tried: list[Replica] = []
+            failure = upstream_error(503, "No healthy prefill replica.", "no_prefill_replica")
+            for attempt in range(2):
+                prefill = self._prefill_routing.choose(self._prefill, exclude=tried).replica
+                if prefill is None:
+                    raise failure
+                if attempt:
+                    self._metrics.prefill_retries.inc()
+                tried.append(prefill)
+                began = time.perf_counter()
+                try:
+                    prefill_body = bodies.prefill(params)
+                    response = await self._post(
+                        prefill, endpoint, prefill_body, request_id, self._config.prefill_timeout_s
+                    )
+                    content = await response.read()
+                except UpstreamFailure as exc:
+                    refused = exc.kind == "connect"  # nothing reached the engine
+                    self._upstream_failed(prefill, exc.kind, exc, mark=refused)
+                    if refused:
+                        failure = upstream_error(
+                            503, "Prefill replica unreachable.", "prefill_unreachable"
+                        )
+                        continue
+                    entry_spent, params = True, prefill_params(None)
+                    status = 504 if exc.kind == "timeout" else 502
+                    failure = upstream_error(status, f"Prefill {exc.kind}.", "prefill")
+                    continue
+                elapsed = time.perf_counter() - began
+                if 400 <= response.status < 500:
+                    raise engine_refusal(response.status, content, "Prefill")
+                entry_spent = True
+                prefilled = json_object(content) if response.status == 200 else None
+                if prefilled is not None:
+                    break
+                params = prefill_params(None)
+                message = engine_message(content)
+                self._upstream_failed(prefill, f"http_{response.status}", message, mark=False)
+                failure = upstream_error(502, f"Prefill failed: {message}", "prefill_failed")
+            else:
+                raise failure
+            self._metrics.prefill_seconds.observe(elapsed)
+            log.info(
+                "[%s] Prefill done in %.0fms (replica=%s, conversation cache %s)",
+                request_id,
+                elapsed * 1000,
+                prefill.url,
+                lookup.value.upper(),
+            )
+            prompt_tokens, reused = prompt_usage(prefilled)
+            self._metrics.prompt_tokens.labels("reused").inc(reused)
+            self._metrics.prompt_tokens.labels("recomputed").inc(prompt_tokens - reused)
+
+            # 3. Decode with prefill's params (decode reads prefill's blocks: P->D), on the
+            #    previous turn's replica while it is kept (its prefix cache holds the
+            #    conversation); an unreachable replica is replaced once. The answer counts as
+            #    outstanding on its replica until stage 4 releases it.
+            choice = self._decode_routing.choose(
+                self._decode, start.previous_decode if start is not None else None
+            )
+            self._metrics.decode_affinity.labels(choice.affinity.value).inc()
+            if choice.affinity is Affinity.KEPT and entry is not None:
+                retained = entry.kv_transfer_params.get("remote_num_tokens")
+                if isinstance(retained, int) and retained > 0:
+                    saved = min(retained, prompt_tokens)
+                    self._metrics.pd_saved_tokens.inc(saved)
+                    self._metrics.pd_saved_bytes.inc(saved * self._config.kv_bytes_per_token)
+            body = bodies.decode(routable(prefilled.get(KV_TRANSFER_PARAMS), prefill.host))
+            candidate, tried = choice.replica, []
+            failure = upstream_error(503, "No healthy decode replica.", "no_decode_replica")
+            while answer is None:
+                if candidate is None or len(tried) == 2:
+                    raise failure
+                decode = candidate
+                tried.append(decode)
+                try:
+                    response = await self._post(
+                        decode, endpoint, body, request_id, self._config.decode_timeout_s
+                    )
+                except UpstreamFailure as exc:
+                    refused = exc.kind == "connect"
+                    self._upstream_failed(decode, exc.kind, exc, mark=refused)
+                    if not refused:
+                        raise upstream_error(502, "Decode transport error.", "decode") from None
+                    failure = upstream_error(
+                        503, "Decode replica unreachable.", "decode_unreachable"
+                    )
+                    candidate = self._decode_routing.choose(self._decode, exclude=tried).replica
+                    continue
+                if response.status != 200:
+                    try:
+                        refusal = await response.read()
+                    except UpstreamFailure as exc:
+                        refusal = str(exc).encode()
+                    if 400 <= response.status < 500:
+                        raise engine_refusal(response.status, refusal, "Decode")
+                    message = engine_message(refusal)
+                    self._upstream_failed(decode, f"http_{response.status}", message, mark=False)
+                    raise upstream_error(502, f"Decode failed: {message}", "decode_failed")
+                answer = response
+
+            # 4. Relay decode's answer without its params, and commit those as the
+            #    conversation's entry for its next turn (a streamed answer carries them in
+            #    its final event).
+            if not turn.stream:
+                try:
+                    content = await answer.read()
+                except UpstreamFailure as exc:
+                    self._upstream_failed(decode, exc.kind, exc, mark=False)
+                    raise upstream_error(502, "Decode transport error.", "decode") from None
+                data = json_object(content)
+                if data is None:
+                    self._upstream_failed(decode, "bad_response", content[:200], mark=False)
+                    raise upstream_error(
+                        502, "Decode returned a malformed response.", "decode_failed"
+                    )
+                await self._commit(key, start, decode, data.pop(KV_TRANSFER_PARAMS, None))
+                self._finished(endpoint, started, "success")
+                answering = True
+                reply = Response(
+                    dumps(data),
+                    media_type="application/json",
+                    headers={REQUEST_ID_HEADER: request_id},
+                )
+                await reply(scope, receive, send)
+                return
+
+            async def forward(events: bytes) -> None:
+                events, kv = strip_from_events(events)
+                if kv is not None:
+                    await self._commit(key, start, decode, kv)
+                await send({"type": "http.response.body", "body": events, "more_body": True})
+
+            answering = True
+            outcome = "cancelled"  # unless the relay below runs to its end
             try:
-                await self._store.restore(turn.key, turn.entry)
-            except Exception as exc:
-                self._store_failed("restore", exc)
-        self._metrics.requests.labels(endpoint.value, outcome).inc()
-        return error_response(error, request_id)
-
-    async def _begin(self, turn: Turn, api_key: str | None) -> None:
-        conversation_id = turn.request.conversation_id
-        if conversation_id is None:
-            self._metrics.lookups.labels(Lookup.NO_KEY.value).inc()
-            return
-        turn.key = conversation_key(conversation_id, api_key, self._config.scope_by_api_key)
-        try:
-            turn.start = await self._store.begin_turn(turn.key)
+                async with _cancelled_if_client_leaves(receive):
+                    headers = [
+                        (b"content-type", _SSE_CONTENT_TYPE),
+                        (_REQUEST_ID, request_id.encode()),
+                    ]
+                    await send({"type": "http.response.start", "status": 200, "headers": headers})
+                    relayed, pending, first = "success", b"", True
+                    try:
+                        async for chunk in answer.chunks():
+                            if first:
+                                self._metrics.ttft_seconds.observe(time.perf_counter() - started)
+                                first = False
+                            pending += chunk
+                            cut = pending.rfind(b"\n\n") + 2
+                            if cut >= 2:
+                                ready, pending = pending[:cut], pending[cut:]
+                                await forward(ready)
+                        if pending:
+                            await forward(pending)
+                    except UpstreamFailure as exc:
+                        relayed = "upstream_error"
+                        self._upstream_failed(decode, "stream", exc, mark=False)
+                        broke = error_body(
+                            "Decode stream broke off.", "upstream_error", code="decode"
+                        )
+                        event = b"data: " + dumps(broke) + b"\n\n"
+                        await send({"type": "http.response.body", "body": event, "more_body": True})
+                    await send(_END)
+                    outcome = relayed
+            finally:
+                answer.release()
+                self._finished(endpoint, started, outcome)
         except Exception as exc:
-            self._store_failed("begin_turn", exc)
-            turn.lookup = Lookup.MISS
-            return
-        lookup, turn.entry = turn.start.lookup, turn.start.entry
-        if turn.entry is not None:
-            decode = self._decode.get(turn.entry.decode_url)
-            if decode is None or not decode.healthy or decode.recovered_at >= turn.entry.created_at:
-                lookup, turn.entry = Lookup.STALE, None
-        self._metrics.lookups.labels(lookup.value).inc()
-        turn.lookup = lookup
-
-    def _store_failed(self, operation: str, exc: Exception) -> None:
-        self._metrics.store_errors.labels(operation).inc()
-        log.warning("conversation store %s failed (turn runs without reuse): %s", operation, exc)
+            if answering:
+                raise
+            if isinstance(exc, RouterError):
+                error, outcome = exc, "client_error" if exc.status < 500 else "upstream_error"
+            else:
+                log.exception("[%s] router error", request_id)
+                error = RouterError(500, "Internal router error.", error_type="server_error")
+                outcome = "router_error"
+            if key is not None and entry is not None and not entry_spent:
+                try:
+                    await self._store.restore(key, entry)
+                except Exception as store_exc:
+                    self._store_failed("restore", store_exc)
+            self._metrics.requests.labels(endpoint.value, outcome).inc()
+            await error_response(error, request_id)(scope, receive, send)
+        finally:
+            if answer is not None:
+                answer.release()
 
     async def _post(
-        self, turn: Turn, replica: Replica, content: bytes, read_timeout_s: float
+        self,
+        replica: Replica,
+        endpoint: Endpoint,
+        content: bytes,
+        request_id: str,
+        read_timeout_s: float,
     ) -> EngineResponse:
-        """POST the turn's endpoint on ``replica``."""
-        url = replica.url + turn.request.endpoint.value
-        return await self._engines.post(url, content, turn.request_id, read_timeout_s)
+        """POST ``endpoint`` on ``replica``, where the call counts as outstanding until its
+        response is released (or no response arrives)."""
+
+        def ended() -> None:
+            replica.outstanding -= 1
+
+        replica.outstanding += 1
+        try:
+            url = replica.url + endpoint.value
+            return await self._engines.post(url, content, request_id, read_timeout_s, ended)
+        except BaseException:
+            ended()
+            raise
 
     def _upstream_failed(self, replica: Replica, kind: str, detail: object, mark: bool) -> None:
         """Count a failed engine call; ``mark`` (refused connections only) takes the replica
@@ -151,161 +373,56 @@ class ProxyService:
             pool = self._prefill if replica.role is self._prefill.role else self._decode
             pool.mark_failed(replica)
 
-    async def _run_prefill(self, turn: Turn) -> _Prefilled:
-        """Prefill with max_tokens=1; retry once on another replica if it fails."""
-        params = prefill_params(turn.entry)
-        tried: list[Replica] = []
-        failure = upstream_error(503, "No healthy prefill replica.", "no_prefill_replica")
-        for attempt in range(2):
-            replica = self._prefill_routing.choose(self._prefill, exclude=tried).replica
-            if replica is None:
-                break
-            if attempt:
-                self._metrics.prefill_retries.inc()
-            tried.append(replica)
-            started = time.perf_counter()
-            try:
-                with self._prefill.track(replica):
-                    response = await self._post(
-                        turn, replica, turn.bodies.prefill(params), self._config.prefill_timeout_s
-                    )
-                    content = await response.read()
-            except UpstreamFailure as exc:
-                refused = exc.kind == "connect"
-                self._upstream_failed(replica, exc.kind, exc, mark=refused)
-                if refused:
-                    failure = upstream_error(
-                        503, "Prefill replica unreachable.", "prefill_unreachable"
-                    )
-                    continue
-                turn.entry_spent, params = True, prefill_params(None)
-                status = 504 if exc.kind == "timeout" else 502
-                failure = upstream_error(status, f"Prefill {exc.kind}.", "prefill")
-                continue
-            elapsed = time.perf_counter() - started
-            status = response.status
-            if 400 <= status < 500:
-                raise engine_refusal(status, content, "Prefill")
-            data = json_object(content) if status == 200 else None
-            if data is None:
-                turn.entry_spent, params = True, prefill_params(None)
-                message = engine_message(content)
-                self._upstream_failed(replica, f"http_{status}", message, mark=False)
-                failure = upstream_error(502, f"Prefill failed: {message}", "prefill_failed")
-                continue
-            turn.entry_spent = True
-            self._metrics.prefill_seconds.observe(elapsed)
-            log.info(
-                "[%s] Prefill done in %.0fms (replica=%s, conversation cache %s)",
-                turn.request_id,
-                elapsed * 1000,
-                replica.url,
-                turn.lookup.value.upper(),
-            )
-            return _Prefilled(
-                replica,
-                routable(data.get(KV_TRANSFER_PARAMS), replica.host),
-                self._count_tokens(data),
-            )
-        raise failure
+    def _store_failed(self, operation: str, exc: Exception) -> None:
+        self._metrics.store_errors.labels(operation).inc()
+        log.warning("conversation store %s failed (turn runs without reuse): %s", operation, exc)
 
-    def _count_tokens(self, prefill_response: dict[str, Any]) -> int:
-        prompt_tokens, reused = prompt_usage(prefill_response)
-        self._metrics.prompt_tokens.labels("reused").inc(reused)
-        self._metrics.prompt_tokens.labels("recomputed").inc(prompt_tokens - reused)
-        return prompt_tokens
-
-    async def _run_decode(self, turn: Turn, prefilled: _Prefilled) -> ASGIApp:
-        previous = turn.start.previous_decode if turn.start else None
-        choice = self._decode_routing.choose(self._decode, previous)
-        self._metrics.decode_affinity.labels(choice.affinity.value).inc()
-        if choice.affinity is Affinity.KEPT and turn.entry is not None:
-            retained = turn.entry.kv_transfer_params.get("remote_num_tokens")
-            if isinstance(retained, int) and retained > 0:
-                saved = min(retained, prefilled.prompt_tokens)
-                self._metrics.pd_saved_tokens.inc(saved)
-                self._metrics.pd_saved_bytes.inc(saved * self._config.kv_bytes_per_token)
-        body = turn.bodies.decode(prefilled.params)
-        replica, response = await self._send_decode(turn, choice.replica, body)
-        relay = DecodeRelay(self, turn, replica, response)
-        return relay if turn.request.stream else await relay.complete()
-
-    async def _send_decode(
-        self, turn: Turn, first: Replica | None, content: bytes
-    ) -> tuple[Replica, EngineResponse]:
-        """Open the decode call; fail over once if the chosen replica cannot be reached.
-
-        The 200 response returned keeps its replica's outstanding count until it is released.
-        """
-        tried: list[Replica] = []
-        replica = first
-        failure = upstream_error(503, "No healthy decode replica.", "no_decode_replica")
-        for _ in range(2):
-            if replica is None:
-                break
-            tried.append(replica)
-            try:
-                response = await self._open_decode(turn, replica, content)
-            except UpstreamFailure as exc:
-                refused = exc.kind == "connect"
-                self._upstream_failed(replica, exc.kind, exc, mark=refused)
-                if not refused:
-                    raise upstream_error(502, "Decode transport error.", "decode") from None
-                failure = upstream_error(503, "Decode replica unreachable.", "decode_unreachable")
-                replica = self._decode_routing.choose(self._decode, exclude=tried).replica
-                continue
-            if response.status == 200:
-                return replica, response
-            try:
-                refusal = await response.read()
-            except UpstreamFailure as exc:
-                refusal = str(exc).encode()
-            if 400 <= response.status < 500:
-                raise engine_refusal(response.status, refusal, "Decode")
-            message = engine_message(refusal)
-            self._upstream_failed(replica, f"http_{response.status}", message, mark=False)
-            raise upstream_error(502, f"Decode failed: {message}", "decode_failed")
-        raise failure
-
-    async def _open_decode(self, turn: Turn, replica: Replica, content: bytes) -> EngineResponse:
-        """POST to decode, counted as outstanding on ``replica`` from now; the count stays
-        only with a 200 response (its relay ends it)."""
-        replica.outstanding += 1
-        opened = False
-        try:
-            response = await self._post(turn, replica, content, self._config.decode_timeout_s)
-            opened = response.status == 200
-            return response
-        finally:
-            if not opened:
-                replica.outstanding -= 1
-
-    async def commit(self, turn: Turn, replica: Replica, params: object) -> None:
-        """Remember decode's params for the conversation's next turn."""
-        kv = routable(params, replica.host)
-        if turn.key is None or turn.start is None or kv is None:
+    async def _commit(
+        self, key: str | None, start: TurnStart | None, decode: Replica, params: object
+    ) -> None:
+        """Store decode's ``params`` as the conversation's entry for its next turn, expiring
+        before decode frees the blocks (by its published expiry, less the margin)."""
+        kv = routable(params, decode.host)
+        if key is None or start is None or kv is None:
             return
         now = time.time()
         expires_at = now + self._config.conversation_ttl_s
         published = kv.get(EXPIRES_AT_KEY)
         if isinstance(published, int | float) and not isinstance(published, bool):
             expires_at = min(expires_at, published - EXPIRY_MARGIN_S)
-        entry = TurnEntry(kv, replica.url, now, expires_at, turn.start.seq)
         try:
-            await self._store.commit(turn.key, entry)
+            await self._store.commit(key, TurnEntry(kv, decode.url, now, expires_at, start.seq))
         except Exception as exc:
             self._store_failed("commit", exc)
 
-    def finished(self, turn: Turn, outcome: str) -> None:
-        """Count a turn that got past decode's first byte."""
-        self._metrics.requests.labels(turn.request.endpoint.value, outcome).inc()
+    def _finished(self, endpoint: Endpoint, started: float, outcome: str) -> None:
+        """Count a turn whose answer started."""
+        self._metrics.requests.labels(endpoint.value, outcome).inc()
         if outcome == "success":
-            self._metrics.e2e_seconds.observe(time.perf_counter() - turn.started)
+            self._metrics.e2e_seconds.observe(time.perf_counter() - started)
 
-    def first_byte(self, turn: Turn) -> None:
-        """Record time to first streamed byte."""
-        self._metrics.ttft_seconds.observe(time.perf_counter() - turn.started)
 
-    def upstream_failed(self, replica: Replica, kind: str, detail: object) -> None:
-        """Count a decode failure after the response started."""
-        self._upstream_failed(replica, kind, detail, mark=False)
+@asynccontextmanager
+async def _cancelled_if_client_leaves(receive: Receive) -> AsyncIterator[None]:
+    """Cancel the running block when the client disconnects; that cancellation ends the block
+    quietly (any other propagates)."""
+    task = asyncio.current_task()
+    assert task is not None, "ASGI apps run in a task"
+    left = False
+
+    async def watch() -> None:
+        nonlocal left
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        left = True
+        task.cancel()
+
+    watcher = asyncio.ensure_future(watch())
+    try:
+        yield
+    except asyncio.CancelledError:
+        if not left:
+            raise
+        task.uncancel()
+    finally:
+        watcher.cancel()

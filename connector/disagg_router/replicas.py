@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
@@ -66,15 +65,6 @@ class ReplicaPool:
         start = self._turn % len(candidates)
         rotated = candidates[start:] + candidates[:start]
         return min(rotated, key=lambda r: r.outstanding)
-
-    @contextmanager
-    def track(self, replica: Replica) -> Iterator[Replica]:
-        """Count a request as outstanding on ``replica`` while the block runs."""
-        replica.outstanding += 1
-        try:
-            yield replica
-        finally:
-            replica.outstanding -= 1
 
     def mark_failed(self, replica: Replica, now: float | None = None) -> None:
         """Take ``replica`` out of rotation until a health check passes (with backoff)."""

@@ -1,14 +1,14 @@
 """Engine calls over one pooled aiohttp session, with failures reduced to three kinds.
 
-aiohttp (its HTTP parser is compiled) spends 0.6 ms of CPU on a prefill call plus a streamed
-decode call where httpx spent 1.6 ms, which was half of the router's CPU per turn. Idle engine
+aiohttp rather than httpx because its HTTP parser is compiled: the router's CPU per turn was
+mostly httpx's pure-Python stack (benchmarks/README.md, router section). Idle engine
 connections expire before vLLM's (uvicorn's) 5 s keep-alive timeout, so a request never races
 the engine closing its connection.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import aiohttp
 
@@ -38,24 +38,29 @@ def _failure(exc: BaseException) -> UpstreamFailure:
     return UpstreamFailure("transport", exc)
 
 
+def _nothing() -> None:
+    pass
+
+
 class EngineResponse:
     """An engine's response whose status arrived; read its body whole or in chunks, then
     ``release`` it (the connection is reused only when the body was read to its end)."""
 
-    __slots__ = ("_response", "status")
+    __slots__ = ("_on_release", "_response", "status")
 
-    def __init__(self, response: aiohttp.ClientResponse) -> None:
+    def __init__(self, response: aiohttp.ClientResponse, on_release: Callable[[], None]) -> None:
         self._response = response
+        self._on_release = on_release
         self.status = response.status
 
     async def read(self) -> bytes:
-        """The whole body; the connection goes back to the pool."""
+        """The whole body; the response is released."""
         try:
             return await self._response.read()
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise _failure(exc) from None
         finally:
-            self._response.release()
+            self.release()
 
     async def chunks(self) -> AsyncIterator[bytes]:
         """Body bytes as they arrive (chunked transfer decoded)."""
@@ -71,8 +76,10 @@ class EngineResponse:
 
     def release(self) -> None:
         """Give the connection back, or close it if the body was not read to its end (which
-        tells the engine to abort the request)."""
+        tells the engine to abort the request); the first release runs ``on_release``."""
         self._response.release()
+        on_release, self._on_release = self._on_release, _nothing
+        on_release()
 
 
 class EngineClient:
@@ -102,9 +109,17 @@ class EngineClient:
         return timeout
 
     async def post(
-        self, url: str, content: bytes, request_id: str, read_timeout_s: float
+        self,
+        url: str,
+        content: bytes,
+        request_id: str,
+        read_timeout_s: float,
+        on_release: Callable[[], None] = _nothing,
     ) -> EngineResponse:
-        """POST a JSON body; return once the response's status and headers arrived."""
+        """POST a JSON body; return once the response's status and headers arrived.
+
+        ``on_release`` runs when the response returned is released (not if none arrives).
+        """
         headers = {REQUEST_ID_HEADER: request_id, "Content-Type": "application/json"}
         try:
             response = await self._session.post(
@@ -112,7 +127,7 @@ class EngineClient:
             )
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise _failure(exc) from None
-        return EngineResponse(response)
+        return EngineResponse(response, on_release)
 
     async def get(self, url: str, timeout_s: float) -> tuple[int, bytes]:
         """GET ``url`` within ``timeout_s`` overall; return its status and body."""

@@ -38,6 +38,12 @@ def lookups(client: httpx.Client, result: str) -> float:
     return metric(client, "disagg_router_conversation_lookups_total", result=result)
 
 
+def outstanding(rig: RouterRig) -> list[int]:
+    """Requests the router counts in flight, per prefill then decode replica."""
+    state = rig.routers[0].app_state()
+    return [r.outstanding for pool in (state.prefill, state.decode) for r in pool.members()]
+
+
 def wait_until(condition: object, timeout: float = 5.0) -> None:
     deadline = time.monotonic() + timeout
     while not callable(condition) or not condition():
@@ -73,6 +79,7 @@ def test_unreachable_prefill_fails_over_and_still_reuses_kv(
     assert metric(client, "disagg_router_prefill_retries_total") == 1
     assert lookups(client, "hit") == 2
     assert len(live.state.reads) == 2, "the retry still read decode's blocks"
+    assert outstanding(rig) == [0, 0, 0, 0], "a refused call is no longer in flight"
 
 
 def test_engine_client_errors_are_relayed_and_keep_the_entry(
@@ -152,6 +159,7 @@ def test_decode_dying_unnoticed_fails_over_to_another_decode(
     labels = {"role": "decode", "replica": used.url, "kind": "connect"}
     assert metric(client, "disagg_router_upstream_errors_total", **labels) == 1
     assert metric(client, "disagg_router_decode_affinity_total", result="kept") == 1
+    assert outstanding(rig) == [0, 0, 0, 0], "a refused call is no longer in flight"
 
 
 def test_decode_error_is_a_502_for_that_request_only(rig: RouterRig, client: httpx.Client) -> None:
@@ -165,6 +173,7 @@ def test_decode_error_is_a_502_for_that_request_only(rig: RouterRig, client: htt
     assert turn(client, conv="b").status_code == 200
     labels = {"endpoint": "/v1/chat/completions", "outcome": "upstream_error"}
     assert metric(client, "disagg_router_requests_total", **labels) == 1
+    assert outstanding(rig) == [0, 0, 0, 0], "a refused answer is released"
 
 
 def test_unhealthy_replicas_are_skipped_until_they_recover(
