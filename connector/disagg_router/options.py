@@ -62,7 +62,7 @@ def add_router_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=d.max_conversations,
         help="in-memory store bound, least recently used evicted (default %(default)s); an "
-        "entry holds decode's block ids, a few KB up to ~100 KB for 32k-token contexts",
+        "entry holds decode's block ids as JSON text, about 6 bytes per KV block of its context",
     )
     conv.add_argument(
         "--no-scope-by-api-key",

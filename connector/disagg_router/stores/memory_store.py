@@ -1,7 +1,7 @@
 """In-memory conversation store: bounded, least-recently-used eviction, per-entry expiry.
 
 Entries are kept serialized: decode's block-id lists are several times smaller as JSON text
-than as Python lists (~12 KB instead of ~75 KB for a 32k-token context at block size 16).
+than as Python lists (benchmarks/README.md, router section, has the sizes).
 """
 
 from __future__ import annotations
