@@ -18,7 +18,8 @@ def _register_serve(subparsers: Any) -> None:
         help="run a vLLM prefill or decode server with the disagg connector",
         description="Check the connector config rendered by the operator against the "
         "installed vLLM, set the NIXL side-channel and EFA environment, then exec the "
-        "vLLM OpenAI server. Arguments after '--' go to vLLM.",
+        "vLLM OpenAI server. Arguments after '--' go to vLLM as given; a second '--' starts a "
+        "role's extraArgs, refused where vLLM's parser reads one as an option the operator sets.",
     )
     parser.add_argument("--role", required=True, choices=["prefill", "decode"])
     parser.add_argument(
@@ -27,7 +28,9 @@ def _register_serve(subparsers: Any) -> None:
         type=Path,
         help="the --kv-transfer-config JSON for this role (e.g. /etc/disagg/prefill.json)",
     )
-    parser.add_argument("vllm_args", nargs=argparse.REMAINDER, help="-- then vLLM arguments")
+    parser.add_argument(
+        "vllm_args", nargs=argparse.REMAINDER, help="-- then vLLM arguments [-- extra arguments]"
+    )
     parser.set_defaults(func=_run_serve)
 
 

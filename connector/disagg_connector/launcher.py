@@ -1,7 +1,14 @@
-"""``disagg serve``: check the rendered connector config, set the environment, exec vLLM."""
+"""``disagg serve``: check the rendered connector config, set the environment, exec vLLM.
+
+The operator renders ``disagg serve --role R --config F -- <its vLLM args> [-- <extraArgs>]``:
+the arguments after the first ``--`` are the operator's own and pass as given; a second ``--``
+starts the role's ``extraArgs``, which vLLM's own parser reads before the server starts, refusing
+any that sets an option the operator manages (:data:`disagg_contract.MANAGED_VLLM_FLAGS`).
+"""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -10,38 +17,47 @@ from pathlib import Path
 
 from disagg_connector.launch_config import LaunchConfigError, check_config, serving_env
 from disagg_connector.vllm_facts import kv_transfer_config_keys, vllm_package_dir
-from disagg_connector.vllm_options import flags_named
+from disagg_connector.vllm_options import managed_option, server_parser
 from disagg_connector.vllm_version import installed_vllm_version
-from disagg_contract import Role
+from disagg_contract import (
+    EXTRA_ARGS_MARKER,
+    KV_TRANSFER_CONFIG_FLAG,
+    MANAGED_VLLM_FLAGS,
+    Role,
+)
 
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
-KV_CONFIG_FLAG = "--kv-transfer-config"
 
 
-def names_kv_config(arg: str) -> bool:
-    """Whether vLLM's parser may read ``arg`` as ``--kv-transfer-config``.
+def split_vllm_args(vllm_args: Sequence[str]) -> tuple[list[str], list[str]]:
+    """The operator's vLLM arguments and the role's extra arguments (after the marker)."""
+    if EXTRA_ARGS_MARKER not in vllm_args:
+        return list(vllm_args), []
+    marker = list(vllm_args).index(EXTRA_ARGS_MARKER)
+    return list(vllm_args[:marker]), list(vllm_args[marker + 1 :])
 
-    Every spelling counts (``_`` for ``-``, ``=value``, unique prefixes such as ``--kv-transfer``,
-    and dotted keys: ``--kv-transfer-config.kv_role x`` replaces the whole config, the appended
-    one included).
-    """
-    return bool(flags_named(arg, (KV_CONFIG_FLAG,)))
+
+def check_extra_args(
+    parser: argparse.ArgumentParser, role: Role, extra_args: Sequence[str]
+) -> None:
+    """Refuse extra arguments that ``parser`` (vLLM's) reads into an option the operator sets."""
+    found = managed_option(parser, extra_args, MANAGED_VLLM_FLAGS)
+    if found is not None:
+        spelled, flags = found
+        raise LaunchConfigError(
+            f"spec.{role.value}.extraArgs: vLLM reads `{spelled}` as {'/'.join(flags)}, which "
+            f"the operator sets; {MANAGED_VLLM_FLAGS[flags[0]]}"
+        )
 
 
 def vllm_command(vllm_args: Sequence[str], config: dict[str, object]) -> list[str]:
     """The vLLM OpenAI server command line with the connector config appended."""
-    for arg in vllm_args:
-        if names_kv_config(arg):
-            raise LaunchConfigError(
-                f"pass the connector config with --config, not {arg.split('=', 1)[0]} after "
-                f"'--' (vLLM reads it as {KV_CONFIG_FLAG})"
-            )
     return [
         sys.executable,
         "-m",
         API_SERVER_MODULE,
         *vllm_args,
-        KV_CONFIG_FLAG,
+        KV_TRANSFER_CONFIG_FLAG,
         json.dumps(config, separators=(",", ":")),
     ]
 
@@ -67,7 +83,17 @@ def prepare(
         vllm_version=version,
         source=str(config_path),
     )
-    return vllm_command(vllm_args, config), serving_env(os.environ, config)
+    own_args, extra_args = split_vllm_args(vllm_args)
+    if extra_args:
+        try:
+            parser = server_parser(API_SERVER_MODULE)
+        except (LookupError, ImportError, AttributeError) as exc:
+            raise LaunchConfigError(
+                f"cannot build vLLM {version}'s argument parser to check spec.{role.value}."
+                f"extraArgs: {exc}"
+            ) from exc
+        check_extra_args(parser, role, extra_args)
+    return vllm_command([*own_args, *extra_args], config), serving_env(os.environ, config)
 
 
 def serve(role: Role, config_path: Path, vllm_args: Sequence[str]) -> int:

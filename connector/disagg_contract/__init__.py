@@ -81,3 +81,48 @@ IDLE_STEP_WAIT_ENV = "DISAGG_IDLE_STEP_WAIT_MS"
 """Milliseconds an engine step with nothing to do but hold retained KV may wait (0: off)."""
 NIXL_PROGRESS_DELAY_ENV = "DISAGG_NIXL_PROGRESS_DELAY_US"
 """Microseconds NIXL's progress thread sleeps between polls (unset: NIXL's default)."""
+
+# --- vLLM options the operator sets -----------------------------------------------------------
+# The operator renders these into every prefill and decode command, so a role's `extraArgs` may
+# not set them. The admission check (models and CEL) refuses an entry that is one of these flags
+# exactly or as `--flag=value`; `disagg serve` reads the extra args with vLLM's own parser and
+# refuses every other spelling that sets one (`_` for `-`, abbreviations, dotted keys, -t).
+KV_TRANSFER_CONFIG_FLAG = "--kv-transfer-config"
+"""The vLLM option `disagg serve` passes the connector config with."""
+EXTRA_ARGS_MARKER = "--"
+"""Ends the operator's vLLM arguments in `disagg serve --role R --config F -- <operator's> -- <a
+role's extraArgs>`: the launcher checks only what follows it (rendered only with extraArgs)."""
+_PROMPT_TOKENS_DETAILS = (
+    "drop it: the router's reuse counters read usage.prompt_tokens_details, which the operator "
+    "always enables"
+)
+MANAGED_VLLM_FLAGS: Mapping[str, str] = MappingProxyType(
+    {
+        # spec.model: one value for both roles
+        "--model": "set spec.model.name instead",
+        "--served-model-name": "set spec.model.servedName instead",
+        "--revision": "set spec.model.revision instead",
+        "--dtype": "set spec.model.dtype instead",
+        "--max-model-len": "set spec.model.maxModelLen instead",
+        # the role's own fields, beside extraArgs
+        "--tensor-parallel-size": "set tensorParallelSize (beside extraArgs) instead",
+        "-tp": "set tensorParallelSize (beside extraArgs) instead",
+        "--max-num-seqs": "set maxNumSeqs (beside extraArgs) instead",
+        "--enable-prefix-caching": "set prefixCaching (beside extraArgs) instead",
+        "--no-enable-prefix-caching": "set prefixCaching (beside extraArgs) instead",
+        "--disable-prefix-caching": "set prefixCaching (beside extraArgs) instead",
+        # the key prefill, decode and the router must agree on
+        "--api-key": "set spec.auth.apiKeySecret instead (the operator gives the key to prefill, "
+        "decode and the router, which must agree on it)",
+        # fixed by the operator
+        "--enable-prompt-tokens-details": _PROMPT_TOKENS_DETAILS,
+        "--no-enable-prompt-tokens-details": _PROMPT_TOKENS_DETAILS,
+        "--disable-prompt-tokens-details": _PROMPT_TOKENS_DETAILS,
+        "--port": f"drop it: vLLM listens on {ENGINE_PORT}, the port the Services and the router "
+        "use",
+        KV_TRANSFER_CONFIG_FLAG: "drop it: the operator renders the connector config from "
+        "spec.kvTransfer",
+    }
+)
+"""Every option string vLLM (0.32, 0.33) has for an option the operator sets, with what to do
+instead (inverses included: 0.33 adds ``--disable-*`` beside ``--no-enable-*``)."""

@@ -8,16 +8,15 @@ all derive from these models.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
 from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, PlainValidator, StringConstraints, WithJsonSchema
 
-from disagg_connector.vllm_options import flags_named, vllm_option_name
 from disagg_contract import (
     ENGINE_API_KEY_ENV,
     ENGINE_PORT,
     EXPIRY_MARGIN_S,
+    MANAGED_VLLM_FLAGS,
     SIDE_CHANNEL_HOST_ENV,
     SIDE_CHANNEL_PORT,
     SIDE_CHANNEL_PORT_ENV,
@@ -48,42 +47,15 @@ ROUTER_REPLICAS_WITHOUT_STORE = (
 )
 """Why more than one router replica needs the shared store."""
 
-_MODEL_FIELD = "set spec.model.{} instead"
-_ROLE_FIELD = "set {} (beside extraArgs) instead"
-_PREFIX_CACHING = _ROLE_FIELD.format("prefixCaching")
-_PROMPT_TOKENS_DETAILS = (
-    "drop it: the router's reuse counters read usage.prompt_tokens_details, which the operator "
-    "always enables"
-)
-MANAGED_VLLM_FLAGS = {
-    "--model": _MODEL_FIELD.format("name"),
-    "--served-model-name": _MODEL_FIELD.format("servedName"),
-    "--revision": _MODEL_FIELD.format("revision"),
-    "--dtype": _MODEL_FIELD.format("dtype"),
-    "--max-model-len": _MODEL_FIELD.format("maxModelLen"),
-    "--tensor-parallel-size": _ROLE_FIELD.format("tensorParallelSize"),
-    "-tp": _ROLE_FIELD.format("tensorParallelSize"),
-    "--max-num-seqs": _ROLE_FIELD.format("maxNumSeqs"),
-    "--enable-prefix-caching": _PREFIX_CACHING,
-    "--no-enable-prefix-caching": _PREFIX_CACHING,
-    "--disable-prefix-caching": _PREFIX_CACHING,
-    "--enable-prompt-tokens-details": _PROMPT_TOKENS_DETAILS,
-    "--no-enable-prompt-tokens-details": _PROMPT_TOKENS_DETAILS,
-    "--disable-prompt-tokens-details": _PROMPT_TOKENS_DETAILS,
-    "--port": f"drop it: vLLM listens on {ENGINE_PORT}, the port the Services and the router use",
-    "--kv-transfer-config": "drop it: the operator renders the connector config from "
-    "spec.kvTransfer",
-}
-"""Every option string vLLM (0.32, 0.33) has for a flag the operator sets, with the fix for
-`extraArgs` that sets it (inverses included: 0.33 adds ``--disable-*`` to ``--no-enable-*``)."""
-
 MANAGED_FLAGS_MESSAGE = (
-    "must not set a vLLM flag the operator manages, in any spelling vLLM reads as one (_ for -, "
-    "an abbreviation, --flag=value, --flag.key): set the spec field instead (--model, "
+    "must not set a vLLM flag the operator manages, exactly or as --flag=value (disagg serve "
+    "refuses its other spellings at start-up): set the spec field instead (--model, "
     "--served-model-name, --revision, --dtype, --max-model-len: spec.model; "
-    "--tensor-parallel-size/-tp, --max-num-seqs, --[no-]enable-/--disable-prefix-caching: this "
-    "role's tensorParallelSize, maxNumSeqs, prefixCaching) or drop it (--port, "
-    "--kv-transfer-config, --[no-]enable-/--disable-prompt-tokens-details: the operator fixes them)"
+    "--tensor-parallel-size, -tp, --max-num-seqs, --enable-prefix-caching, "
+    "--no-enable-prefix-caching, --disable-prefix-caching: this role's tensorParallelSize, "
+    "maxNumSeqs, prefixCaching; --api-key: spec.auth.apiKeySecret) or drop it (--port, "
+    "--kv-transfer-config, --enable-prompt-tokens-details, --no-enable-prompt-tokens-details, "
+    "--disable-prompt-tokens-details: the operator fixes them)"
 )
 """Why `extraArgs` may not set a managed flag: the API server's words, the models add which."""
 
@@ -92,15 +64,8 @@ HASH_SEED_ENV = "PYTHONHASHSEED"
 RESERVED_ENV = (HASH_SEED_ENV, SIDE_CHANNEL_HOST_ENV, SIDE_CHANNEL_PORT_ENV)
 """Environment the operator owns: it must agree across prefill and decode pods."""
 
-API_KEY_FLAGS = ("--api-key",)
-"""vLLM's API key option (0.32, 0.33), refused in `extraArgs` like the managed flags."""
-
-
-API_KEY_FIX = (
-    "set spec.auth.apiKeySecret instead (the operator gives the key to prefill, decode and "
-    "the router, which must agree on it)"
-)
-"""Why the API key is not set per role."""
+API_KEY_FIX = MANAGED_VLLM_FLAGS["--api-key"]
+"""Why the API key is not set per role (in `extraArgs` or `env`)."""
 
 RESERVED_LABEL_PREFIX = "app.kubernetes.io/"
 
@@ -294,49 +259,19 @@ class ResourceOverrides(ApiModel):
 _RESERVED_ENV_CEL = "[" + ", ".join(f"'{name}'" for name in RESERVED_ENV) + "]"
 
 
-def _names_no_flag(args: list[str], flags: Iterable[str]) -> bool:
-    return not any(flags_named(arg, flags) for arg in args)
+_MANAGED_FLAGS_CEL = "[" + ", ".join(f"'{flag}'" for flag in MANAGED_VLLM_FLAGS) + "]"
 
 
-def _no_flag_cel(flags: Iterable[str]) -> str:
-    """CEL twin of :func:`_names_no_flag` over ``extraArgs`` (Kubernetes' strings extension)."""
-    listed = "[" + ", ".join(f"'{flag}'" for flag in flags) + "]"
-    return (
-        "!has(self.extraArgs) || self.extraArgs"
-        ".map(a, a.split('=')[0].split('.')[0].replace('_', '-'))"
-        f".all(n, n.size() < 2 || n == '--' || !{listed}.exists(f, f.startsWith(n)))"
-    )
-
-
-def _first_named(args: list[str], flags: Iterable[str]) -> tuple[str, list[str]]:
-    """The first of ``args`` that names one of ``flags``, and the flags it names."""
-    return next((arg, named) for arg in args if (named := flags_named(arg, flags)))
-
-
-def _read_as(arg: str, flag: str) -> str:
-    """How vLLM's parser takes ``arg`` for ``flag``."""
-    if arg == flag:
-        return f"{arg} is set by the operator"
-    if vllm_option_name(arg) == flag:
-        return f"vLLM reads {arg} as {flag}"
-    return f"{arg} abbreviates {flag}"
+def _managed_flag(arg: str) -> str | None:
+    """The managed flag ``arg`` is, exactly or as ``--flag=value``."""
+    name = arg.split("=", 1)[0]
+    return name if name in MANAGED_VLLM_FLAGS else None
 
 
 def _explain_managed(args: list[str]) -> str:
-    """Which extra arg names a managed flag, and what to do instead."""
-    arg, named = _first_named(args, MANAGED_VLLM_FLAGS)
-    if len(named) > 1:
-        return (
-            f"{arg} may abbreviate {', '.join(named)} (vLLM refuses an ambiguous abbreviation); "
-            "spell out the flag you mean"
-        )
-    return f"{_read_as(arg, named[0])}; {MANAGED_VLLM_FLAGS[named[0]]}"
-
-
-def _explain_api_key(args: list[str]) -> str:
-    """Which extra arg names --api-key."""
-    arg, named = _first_named(args, API_KEY_FLAGS)
-    return _read_as(arg, named[0])
+    """Which extra arg is a managed flag, and what to do instead."""
+    flag = next(flag for arg in args if (flag := _managed_flag(arg)))
+    return f"{flag} is set by the operator; {MANAGED_VLLM_FLAGS[flag]}"
 
 
 class RoleSpec(ApiModel):
@@ -352,17 +287,10 @@ class RoleSpec(ApiModel):
         CrossFieldRule(
             field="extraArgs",
             message=MANAGED_FLAGS_MESSAGE,
-            cel=_no_flag_cel(MANAGED_VLLM_FLAGS),
-            check=lambda m: _names_no_flag(m.extra_args, MANAGED_VLLM_FLAGS),
+            cel="!has(self.extraArgs) || self.extraArgs.all(a, "
+            f"!{_MANAGED_FLAGS_CEL}.exists(f, a == f || a.startsWith(f + '=')))",
+            check=lambda m: not any(_managed_flag(arg) for arg in m.extra_args),
             explain=lambda m: _explain_managed(m.extra_args),
-        ),
-        CrossFieldRule(
-            field="extraArgs",
-            message="must not set --api-key in any spelling vLLM reads as it (_ for -, an "
-            f"abbreviation, --api-key=value); {API_KEY_FIX}",
-            cel=_no_flag_cel(API_KEY_FLAGS),
-            check=lambda m: _names_no_flag(m.extra_args, API_KEY_FLAGS),
-            explain=lambda m: _explain_api_key(m.extra_args),
         ),
         CrossFieldRule(
             field="env",
@@ -399,7 +327,10 @@ class RoleSpec(ApiModel):
         None, description="Maximum concurrent sequences (--max-num-seqs). Defaults to vLLM's."
     )
     extra_args: list[Text] = Field(
-        default_factory=list, max_length=64, description="Extra vLLM command-line arguments."
+        default_factory=list,
+        max_length=64,
+        description="Extra vLLM command-line arguments, after the operator's. The API server "
+        "refuses a flag the operator sets; disagg serve refuses its other spellings at start-up.",
     )
     env: list[EnvVar] = Field(
         default_factory=list,

@@ -18,6 +18,7 @@ import yaml
 from disagg_contract import (
     ENGINE_API_KEY_ENV,
     ENGINE_PORT,
+    EXTRA_ARGS_MARKER,
     FI_PROVIDER_ENV,
     ROUTER_API_KEY_ENV,
     ROUTER_REDIS_URL_ENV,
@@ -128,6 +129,11 @@ def _secret_env(name: str, ref: SecretKeyRef | RedisUrlSecret) -> dict[str, Any]
 
 
 def _vllm_args(spec: DisaggregatedModelSpec, role: RoleSpec) -> list[str]:
+    """The role's vLLM arguments: the operator's, then the role's extraArgs after the marker.
+
+    ``disagg serve`` reads what follows the marker with vLLM's own parser and refuses any
+    argument that sets one of the operator's options (the API server refuses only exact flags).
+    """
     model = spec.model
     args = [
         "--model",
@@ -149,7 +155,8 @@ def _vllm_args(spec: DisaggregatedModelSpec, role: RoleSpec) -> list[str]:
         args += ["--max-num-seqs", str(role.max_num_seqs)]
     args.append("--enable-prefix-caching" if role.prefix_caching else "--no-enable-prefix-caching")
     args.append("--enable-prompt-tokens-details")
-    return [*args, *role.extra_args]
+    extra = [EXTRA_ARGS_MARKER, *role.extra_args] if role.extra_args else []
+    return [*args, *extra]
 
 
 def _engine_env(

@@ -5,11 +5,13 @@ No engine runs here. The serving image ships a CUDA build of vLLM (connector/Doc
 release's Python sources, and ``vllm_fit.py`` imports the connector with them first on the path
 (beside the engine venv's torch and other packages) and compares it with vLLM's classes and
 sources. It also parses every example's rendered server command with that vLLM's own server
-argument parser (``vllm_cli_fit.py``; vLLM's CPU platform stands in for the GPU it lacks). The
+argument parser and runs ``disagg serve``'s ``extraArgs`` check on it for every spelling of each
+managed flag (``vllm_cli_fit.py``; vLLM's CPU platform stands in for the GPU it lacks). The
 same checks run against the engine venv's vLLM, which the other engine tests run. Below them,
 the checks are shown to catch each kind of fault: purpose-built broken subclasses, bogus,
-abbreviated and deprecated flags, a config that does not survive parsing, a lax launcher, an
-operator ``extraArgs`` check that is lax, over-eager or misses a managed flag's option.
+abbreviated and deprecated flags, a config that does not survive parsing, and an ``extraArgs``
+check that is lax (exact flags only, as the API server's), over-eager or misses a managed
+flag's option.
 """
 
 from __future__ import annotations
@@ -34,14 +36,14 @@ from vllm.utils.argparse_utils import FlexibleArgumentParser
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.request import Request
 
+from disagg.rig.engine import CACHE, ENGINE_VENV
 from disagg_connector.launcher import API_SERVER_MODULE
-from rig import CACHE, ENGINE_VENV
+from disagg_contract import MANAGED_VLLM_FLAGS
 from vllm_cli_fit import (
     PLATFORM_ENV,
     ServeParser,
     command_problems,
     managed_flag_problems,
-    refusal_problems,
     rendered_servers,
     serve_parser,
 )
@@ -189,40 +191,38 @@ def test_cli_check_compares_the_config_vllm_ends_with() -> None:
     ]
 
 
-def test_cli_check_names_config_spellings_a_launcher_lets_through() -> None:
-    serve = serve_parser()
-    problems = refusal_problems(serve, refuses=lambda args: args[0] == "--kv-transfer-config")
-    flagged = {problem.split("`")[1] for problem in problems}
-    assert {"--kv-transfer-config.kv_role kv_both", '--kv-transfer {"kv_role": "kv_both"}'} <= (
-        flagged
-    )
-    assert not any(spelling.startswith("--kv-transfer-config ") for spelling in flagged)
-
-
-def test_managed_flag_check_names_each_disagreement_with_the_parser() -> None:
+def test_managed_flag_check_names_an_option_string_the_table_lacks() -> None:
     parser = FlexibleArgumentParser()
     parser.add_argument("--model")
     parser.add_argument("--max-model-len", "--context-len", type=int)
     parser.add_argument("--max-model", type=int)
     problems = managed_flag_problems(ServeParser(parser, lambda namespace: None, "x"))
-    assert {
-        "vLLM x's --context-len sets max_model_len, which the operator manages; its flag table "
-        "lacks it",
-        "vLLM x reads `--context_len=10` as --max-model-len; the operator lets it through in "
-        "extraArgs",
-        "vLLM x reads `--cont 10` as --max-model-len; the operator lets it through in extraArgs",
-        "the operator refuses --max-model in extraArgs, an option of vLLM x that sets no managed "
-        "flag",
-    } <= set(problems)
-    assert not any("`--max_model_len" in problem for problem in problems)
+    assert problems == [
+        "vLLM x's --context-len sets max_model_len, which the operator manages; the contract's "
+        "MANAGED_VLLM_FLAGS lacks it"
+    ]
 
 
-def test_managed_flag_check_names_spellings_a_lax_operator_lets_through() -> None:
+def test_managed_flag_check_names_spellings_an_exact_check_lets_through() -> None:
     serve = serve_parser()
-    problems = managed_flag_problems(serve, refuses=lambda args: args[0] == "--max-model-len")
-    lets_through = "; the operator lets it through in extraArgs"
+    problems = managed_flag_problems(serve, refuses=lambda _, args: args[0] in MANAGED_VLLM_FLAGS)
+    flagged = {problem.split("`")[1] for problem in problems if "`" in problem}
     assert {
-        f"vLLM {serve.version} reads `--max-model 10` as --max-model-len{lets_through}",
-        f"vLLM {serve.version} reads `-t 2` as --tensor-parallel-size{lets_through}",
-    } <= set(problems)
-    assert not any("`--max-model-len 10`" in problem for problem in problems)
+        "--max_model_len=10",
+        "--max-model 10",
+        "-t 2",
+        "--kv-transfer-config.kv_role kv_both",
+        "--no-enable-prefix",
+        "--api_key x",
+    } <= flagged
+    assert any(spelling.startswith("--config ") for spelling in flagged)
+    assert not any(spelling.startswith(("--max-model-len ", "-tp ")) for spelling in flagged)
+
+
+def test_managed_flag_check_names_an_over_eager_launcher() -> None:
+    serve = serve_parser()
+    problems = managed_flag_problems(serve, refuses=lambda _, args: True)
+    assert (
+        f"the launcher refuses --enforce-eager in extraArgs, an option of vLLM {serve.version} "
+        "that sets no managed flag"
+    ) in problems

@@ -4,14 +4,13 @@ Every example is rendered by the operator. Each StatefulSet's container command
 (``disagg serve --role R --config F -- <vLLM args>``) is read with ``disagg``'s own parser, its
 config is taken from the rendered ConfigMap mounted at ``F``, and the launcher's ``prepare``
 builds the server command from both (appending ``--kv-transfer-config``). Those vLLM arguments
-are parsed by the parser the launcher's server module builds (found by following its
-``__main__`` block into its ``main``, so it is the parser that runs) and validated as that
-``main`` does. Each flag must be one of the parser's own option strings (an abbreviation that
-argparse takes today becomes an error or another flag once vLLM adds a flag) and not
-deprecated, and the config vLLM ends with must be the rendered one. The launcher's refusal of
-``--kv-transfer-config`` after ``--`` is checked against every spelling the parser routes there,
-and the operator's ``extraArgs`` check against the parser for every flag it manages: each
-spelling vLLM reads as one is refused, every other vLLM option accepted.
+are parsed by the parser the launcher builds (:func:`disagg_connector.vllm_options.server_parser`,
+the one the server module's ``main`` runs) and validated as that ``main`` does. Each flag must be
+one of the parser's own option strings (an abbreviation that argparse takes today becomes an
+error or another flag once vLLM adds a flag) and not deprecated, and the config vLLM ends with
+must be the rendered one. The launcher's ``extraArgs`` check is run against the parser for every
+option the operator manages: each spelling vLLM reads as one is refused, every other vLLM option
+accepted, and every option string of a managed setting is in the contract's flag table.
 
 Platform: building the parser builds default configs, and ``DeviceConfig`` wants a platform
 with a device type; the serving image's CUDA build finds no GPU here ("Failed to infer device
@@ -24,7 +23,6 @@ laxer), and ``pre_register_and_update`` is the base no-op on both the CUDA and C
 from __future__ import annotations
 
 import argparse
-import ast
 import contextlib
 import functools
 import importlib
@@ -33,7 +31,7 @@ import io
 import json
 import re
 import tempfile
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,65 +39,14 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 PLATFORM_ENV = {"VLLM_TARGET_DEVICE": "cpu"}
 """Set before vLLM is imported: its CPU platform, so the CUDA build's parser can be built here."""
-PARSER_NAMES = ("FlexibleArgumentParser", "make_arg_parser", "validate_parsed_serve_args")
-"""What the server's ``main`` imports to build its parser and check the parsed arguments."""
+VALIDATE = "validate_parsed_serve_args"
+"""The check the server's ``main`` runs on the parsed arguments, beside ``make_arg_parser``."""
 OTHER_KV_ROLE = ("kv_role", "kv_both")
-"""A key and value a user could try to pass to ``--kv-transfer-config`` after ``--``."""
+"""A key and value a user could try to pass to ``--kv-transfer-config`` in ``extraArgs``."""
 
 
 class Rejected(Exception):
     """vLLM's parser or its post-parse check refused a command line (vLLM's message)."""
-
-
-def unimported_module_tree(module_name: str) -> ast.Module:
-    """A module's parsed source file, found without importing the module itself.
-
-    vLLM 0.33's serving modules import packages (orjson) that the engine venv, built for vLLM
-    0.32, lacks; their sources are read instead.
-    """
-    spec = importlib.util.find_spec(module_name)
-    if spec is None or spec.origin is None:
-        raise LookupError(f"module {module_name} is gone")
-    return ast.parse(Path(spec.origin).read_text())
-
-
-def imported_names(nodes: Iterable[ast.AST], module_name: str) -> dict[str, str]:
-    """The absolute module of each name ``from ... import``-ed under ``nodes`` of a module."""
-    spec = importlib.util.find_spec(module_name)
-    package = spec.parent if spec is not None else ""
-    return {
-        alias.asname or alias.name: importlib.util.resolve_name(
-            "." * node.level + (node.module or ""), package
-        )
-        for top in nodes
-        for node in ast.walk(top)
-        if isinstance(node, ast.ImportFrom)
-        for alias in node.names
-    }
-
-
-def server_parser_modules() -> dict[str, str]:
-    """Where the launcher's server module, run as a script, imports its parser's parts from."""
-    from disagg_connector.launcher import API_SERVER_MODULE
-
-    main_blocks = [
-        node
-        for node in unimported_module_tree(API_SERVER_MODULE).body
-        if isinstance(node, ast.If) and ast.unparse(node.test) == "__name__ == '__main__'"
-    ]
-    entry = imported_names(main_blocks, API_SERVER_MODULE)
-    if "main" not in entry:
-        raise LookupError(f"python -m {API_SERVER_MODULE} no longer runs an imported main()")
-    mains = [
-        node
-        for node in unimported_module_tree(entry["main"]).body
-        if isinstance(node, ast.FunctionDef) and node.name == "main"
-    ]
-    names = imported_names(mains, entry["main"])
-    missing = [name for name in PARSER_NAMES if name not in names]
-    if missing:
-        raise LookupError(f"{entry['main']}.main no longer imports {', '.join(missing)}")
-    return {name: names[name] for name in PARSER_NAMES}
 
 
 @dataclass(frozen=True)
@@ -134,20 +81,19 @@ class ServeParser:
 
 @functools.cache
 def serve_parser() -> ServeParser:
-    """The parser the launcher's server module builds, in the vLLM this interpreter imports."""
+    """The parser the launcher builds, in the vLLM this interpreter imports."""
     from vllm.platforms import current_platform
 
     from disagg_connector.launcher import API_SERVER_MODULE
+    from disagg_connector.vllm_options import server_parser, server_parser_modules
     from disagg_connector.vllm_version import installed_vllm_version
 
     if not current_platform.device_type:
         raise RuntimeError(f"vLLM found no platform to build its parser on: set {PLATFORM_ENV}")
-    parts = {
-        name: getattr(importlib.import_module(module), name)
-        for name, module in server_parser_modules().items()
-    }
-    parser = parts["make_arg_parser"](parts["FlexibleArgumentParser"](prog=API_SERVER_MODULE))
-    return ServeParser(parser, parts["validate_parsed_serve_args"], installed_vllm_version() or "")
+    parts = importlib.import_module(server_parser_modules(API_SERVER_MODULE)["make_arg_parser"])
+    return ServeParser(
+        server_parser(API_SERVER_MODULE), getattr(parts, VALIDATE), installed_vllm_version() or ""
+    )
 
 
 def flag_name(arg: str) -> str | None:
@@ -267,65 +213,17 @@ def rendered_command_problems(serve: ServeParser) -> list[str]:
     return problems
 
 
-def launcher_refuses(vllm_args: Sequence[str]) -> bool:
-    """Whether ``disagg serve`` refuses ``vllm_args`` after ``--``."""
+def launcher_refuses(serve: ServeParser, extra_args: Sequence[str]) -> bool:
+    """Whether ``disagg serve`` refuses ``extra_args`` (a role's ``extraArgs``) on this parser."""
     from disagg_connector.launch_config import LaunchConfigError
-    from disagg_connector.launcher import vllm_command
+    from disagg_connector.launcher import check_extra_args
+    from disagg_contract import Role
 
     try:
-        vllm_command(vllm_args, {})
+        check_extra_args(serve.parser, Role.DECODE, extra_args)
     except LaunchConfigError:
         return True
     return False
-
-
-def kv_config_spellings(serve: ServeParser) -> list[list[str]]:
-    """Arguments vLLM's parser reads into the launcher's config flag's destination.
-
-    Candidates: each of its option strings, with underscores, with ``=``, as a dotted key, and
-    each prefix (argparse abbreviations); kept where vLLM really sets the config from them.
-    """
-    from disagg_connector.launcher import KV_CONFIG_FLAG
-
-    action = serve.option(KV_CONFIG_FLAG)
-    if action is None:
-        return []
-    key, value = OTHER_KV_ROLE
-    candidates: list[list[str]] = []
-    for option in action.option_strings:
-        underscored = "--" + option[2:].replace("-", "_")
-        candidates += [
-            [option, json.dumps({key: value})],
-            [underscored, json.dumps({key: value})],
-            [f"{option}={json.dumps({key: value})}"],
-            [f"{option}.{key}", value],
-            [f"{underscored}.{key}={value}"],
-        ]
-        candidates += [[option[:end], json.dumps({key: value})] for end in range(3, len(option))]
-    spellings = []
-    for args in candidates:
-        with contextlib.suppress(Rejected):
-            config = serve.parse(["--model", "m", *args]).kv_transfer_config
-            if getattr(config, key, None) == value:
-                spellings.append(args)
-    return spellings
-
-
-def refusal_problems(
-    serve: ServeParser, refuses: Callable[[Sequence[str]], bool] = launcher_refuses
-) -> list[str]:
-    """Spellings of the connector config flag that vLLM reads and ``refuses`` lets through."""
-    from disagg_connector.launcher import KV_CONFIG_FLAG
-
-    spellings = kv_config_spellings(serve)
-    if not spellings:
-        return [f"the launcher's {KV_CONFIG_FLAG} is not an option of vLLM {serve.version}"]
-    return [
-        f"vLLM {serve.version} reads `{' '.join(args)}` as {KV_CONFIG_FLAG}; the launcher lets "
-        "it through after '--'"
-        for args in spellings
-        if not refuses(args)
-    ]
 
 
 MANAGED_SAMPLE_VALUES = {
@@ -343,28 +241,21 @@ MANAGED_SAMPLE_VALUES = {
 """A value, unlike the server's default, for each destination of a flag the operator manages."""
 
 
-def operator_refuses(vllm_args: Sequence[str]) -> bool:
-    """Whether the operator refuses ``vllm_args`` as a role's ``extraArgs``."""
-    from pydantic import ValidationError
-
-    from disagg_operator.models import RoleSpec
-
-    try:
-        RoleSpec.model_validate({"extraArgs": list(vllm_args)})
-    except ValidationError:
-        return True
-    return False
-
-
-def managed_spellings(serve: ServeParser, action: argparse.Action) -> list[list[str]]:
+def managed_spellings(
+    serve: ServeParser, action: argparse.Action, scratch: Path
+) -> list[list[str]]:
     """Arguments vLLM's parser reads into ``action``'s destination (a flag the operator manages).
 
-    Candidates: each option string, with underscores, with ``=``, as a dotted key (the connector
-    config) and each prefix (argparse abbreviations); kept where vLLM sets the destination.
+    Candidates: each option string, with underscores, with ``=``, each prefix (argparse
+    abbreviations), as a dotted key (the connector config) and from a ``--config`` YAML file in
+    ``scratch``; kept where vLLM sets the destination.
     """
     value = [] if action.nargs == 0 else [MANAGED_SAMPLE_VALUES[action.dest]]
+    options = [
+        flag for flag, named in serve.parser._option_string_actions.items() if named is action
+    ]
     candidates: list[list[str]] = []
-    for option in action.option_strings:
+    for option in options:
         underscored = option[:2] + option[2:].replace("-", "_")
         candidates += [[option, *value], [underscored, *value]]
         candidates += [[f"{spelling}={value[0]}"] for spelling in (option, underscored) if value]
@@ -373,6 +264,9 @@ def managed_spellings(serve: ServeParser, action: argparse.Action) -> list[list[
         key, kv_role = OTHER_KV_ROLE
         full = action.option_strings[0]
         candidates += [[f"{name}.{key}", kv_role] for name in (full, full[:-3])]
+    config_file = scratch / f"{action.dest}.yaml"
+    config_file.write_text(f"{options[0][2:]}: {json.dumps(value[0] if value else True)}\n")
+    candidates.append(["--config", str(config_file)])
     default = getattr(serve.parse(["--model", "m"]), action.dest)
     spellings = []
     for args in map(list, dict.fromkeys(map(tuple, candidates))):
@@ -383,40 +277,41 @@ def managed_spellings(serve: ServeParser, action: argparse.Action) -> list[list[
 
 
 def managed_flag_problems(
-    serve: ServeParser, refuses: Callable[[Sequence[str]], bool] = operator_refuses
+    serve: ServeParser,
+    refuses: Callable[[ServeParser, Sequence[str]], bool] = launcher_refuses,
 ) -> list[str]:
-    """Where the operator's ``extraArgs`` check and vLLM's parser disagree on managed flags.
+    """Where the launcher's ``extraArgs`` check and vLLM's parser disagree on managed flags.
 
     Every spelling vLLM reads as a managed flag must be refused, every other option of vLLM's
     accepted (with underscores too), and every option string of a managed flag's destination
-    listed in the operator's table (a new inverse such as 0.33's ``--disable-*``).
+    listed in the contract's table (a new inverse such as 0.33's ``--disable-*``).
     """
-    from disagg_operator.models import API_KEY_FLAGS, MANAGED_VLLM_FLAGS
+    from disagg_contract import MANAGED_VLLM_FLAGS
 
-    table = [*MANAGED_VLLM_FLAGS, *API_KEY_FLAGS]
-    managed = {action.dest: action for flag in table if (action := serve.option(flag))}
+    options = serve.parser._option_string_actions
+    managed = {action.dest: action for flag in MANAGED_VLLM_FLAGS if (action := options.get(flag))}
     problems = [
-        f"vLLM {serve.version}'s {option} sets {action.dest}, which the operator manages; its "
-        "flag table lacks it"
-        for action in managed.values()
-        for option in action.option_strings
-        if option not in table
+        f"vLLM {serve.version}'s {option} sets {action.dest}, which the operator manages; the "
+        "contract's MANAGED_VLLM_FLAGS lacks it"
+        for option, action in options.items()
+        if action.dest in managed and option not in MANAGED_VLLM_FLAGS
     ]
-    for action in managed.values():
-        problems += [
-            f"vLLM {serve.version} reads `{' '.join(args)}` as {action.option_strings[0]}; the "
-            "operator lets it through in extraArgs"
-            for args in managed_spellings(serve, action)
-            if not refuses(args)
-        ]
-    for option, action in serve.parser._option_string_actions.items():
+    with tempfile.TemporaryDirectory() as scratch:
+        for action in managed.values():
+            problems += [
+                f"vLLM {serve.version} reads `{' '.join(args)}` as {action.option_strings[0]}; "
+                "the launcher lets it through in extraArgs"
+                for args in managed_spellings(serve, action, Path(scratch))
+                if not refuses(serve, args)
+            ]
+    for option, action in options.items():
         if action.dest in managed:
             continue
         problems += [
-            f"the operator refuses {spelling} in extraArgs, an option of vLLM {serve.version} "
+            f"the launcher refuses {spelling} in extraArgs, an option of vLLM {serve.version} "
             "that sets no managed flag"
             for spelling in dict.fromkeys([option, option[:2] + option[2:].replace("-", "_")])
-            if refuses([spelling])
+            if refuses(serve, [spelling])
         ]
     return problems
 
@@ -424,4 +319,4 @@ def managed_flag_problems(
 def cli_problems() -> list[str]:
     """Every command-line check against the vLLM this interpreter imports."""
     serve = serve_parser()
-    return rendered_command_problems(serve) + refusal_problems(serve) + managed_flag_problems(serve)
+    return rendered_command_problems(serve) + managed_flag_problems(serve)

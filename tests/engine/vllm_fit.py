@@ -32,7 +32,8 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from vllm_cli_fit import cli_problems, unimported_module_tree
+from disagg_connector.vllm_options import module_tree
+from vllm_cli_fit import cli_problems
 
 CONNECTOR_MODULES = (
     "disagg_connector.connector",
@@ -351,8 +352,12 @@ def params_key_problems() -> list[str]:
 
 
 def class_definition(module_name: str, class_name: str) -> ast.ClassDef:
-    """A class's node in its module's source file (see :func:`unimported_module_tree`)."""
-    for node in unimported_module_tree(module_name).body:
+    """A class's node in its module's source file, read without importing the module.
+
+    vLLM 0.33's serving modules import packages (orjson) that the engine venv, built for vLLM
+    0.32, lacks; their sources are read instead.
+    """
+    for node in module_tree(module_name).body:
         if isinstance(node, ast.ClassDef) and node.name == class_name:
             return node
     raise LookupError(f"class {class_name} is gone from {module_name}")

@@ -17,7 +17,7 @@ import celpy
 import jsonschema
 import yaml
 from celpy.adapter import json_to_cel
-from celpy.celtypes import BoolType, ListType, StringType
+from celpy.celtypes import BoolType
 from celpy.evaluation import CELEvalError
 
 from disagg_operator.errors import field_path
@@ -78,22 +78,10 @@ def _unknown_fields(obj: Any, schema: Schema, loc: list[int | str]) -> Iterator[
             yield from _unknown_fields(item, schema["items"], [*loc, index])
 
 
-def _split(text: StringType, separator: StringType) -> ListType:
-    return ListType([StringType(part) for part in text.split(separator)])
-
-
-def _replace(text: StringType, old: StringType, new: StringType) -> StringType:
-    return StringType(text.replace(old, new))
-
-
-STRINGS_EXTENSION = {"split": _split, "replace": _replace}
-"""The functions of Kubernetes' CEL strings extension our rules use (cel-python lacks it)."""
-
-
 @cache
 def _program(rule: str) -> celpy.Runner:
     env = celpy.Environment()
-    return env.program(env.compile(rule), functions=STRINGS_EXTENSION)
+    return env.program(env.compile(rule))
 
 
 def cel_failures(obj: Any, schema: Schema, loc: list[int | str]) -> Iterator[str]:

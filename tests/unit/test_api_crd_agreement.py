@@ -39,6 +39,7 @@ def _role() -> st.SearchStrategy[dict[str, Any]]:
                         "--kv-transfer-config.kv_role",
                         "--disable-prefix",
                         "--api_k",
+                        "--api-key=k",
                         "--api-server-count",
                         "--max-num-batched-tokens",
                         "--",

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
-from disagg_connector.vllm_options import vllm_option_name
+from disagg_contract import MANAGED_VLLM_FLAGS
 from disagg_operator.errors import SpecError
 from disagg_operator.loading import load_resource, load_spec
 from disagg_operator.models import (
@@ -151,26 +153,16 @@ def test_resource_checks_api_version_and_kind() -> None:
     ("args", "explained"),
     [
         (
-            ["--max_model_len=10"],
-            "vLLM reads --max_model_len=10 as --max-model-len; set spec.model.maxModelLen instead",
+            ["--max-model-len=10"],
+            "--max-model-len is set by the operator; set spec.model.maxModelLen",
         ),
-        (["--max-model=10"], "--max-model=10 abbreviates --max-model-len; set spec.model"),
-        (["-t", "2"], "-t abbreviates -tp; set tensorParallelSize (beside extraArgs) instead"),
-        (
-            ["--kv-transfer-config.kv_role=kv_both"],
-            "vLLM reads --kv-transfer-config.kv_role=kv_both as --kv-transfer-config; drop it: "
-            "the operator renders the connector config from spec.kvTransfer",
-        ),
+        (["-tp", "2"], "-tp is set by the operator; set tensorParallelSize (beside extraArgs)"),
         (["--disable-prefix-caching"], "is set by the operator; set prefixCaching"),
         (["--port", "9000"], "--port is set by the operator; drop it: vLLM listens on 8000"),
-        (["--mod", "x"], "--mod abbreviates --model; set spec.model.name instead"),
-        (
-            ["--m"],
-            "--m may abbreviate --model, --max-model-len, --max-num-seqs (vLLM refuses",
-        ),
+        (["--api-key=k"], "--api-key is set by the operator; set spec.auth.apiKeySecret instead"),
     ],
 )
-def test_managed_flag_refusal_names_the_arg_and_the_spec_field(
+def test_managed_flag_refusal_names_the_flag_and_the_spec_field(
     args: list[str], explained: str
 ) -> None:
     with pytest.raises(SpecError) as caught:
@@ -180,23 +172,6 @@ def test_managed_flag_refusal_names_the_arg_and_the_spec_field(
     assert explained in problem, problem
 
 
-def test_api_key_refusal_names_the_arg() -> None:
-    with pytest.raises(SpecError) as caught:
-        load_spec(spec_with({"prefill": {"extraArgs": ["--api_ke=secret"]}}))
-    (problem,) = caught.value.problems
-    assert problem.startswith("spec.prefill.extraArgs: must not set --api-key"), problem
-    assert problem.endswith(": --api_ke=secret abbreviates --api-key"), problem
-
-
-@pytest.mark.parametrize(
-    ("arg", "name"),
-    [
-        ("--max_model_len=10", "--max-model-len"),
-        ("--kv_transfer_config.kv_role=a.b", "--kv-transfer-config"),
-        ("--a=b.c", "--a"),
-        ("-tp=2", "-tp"),
-        ("value", "value"),
-    ],
-)
-def test_vllm_option_name_cuts_at_equals_and_dot_and_reads_underscores(arg: str, name: str) -> None:
-    assert vllm_option_name(arg) == name
+def test_managed_flags_message_names_exactly_the_managed_flags() -> None:
+    named = set(re.findall(r"(?<![\w-])--?[a-z][-a-z]*", MANAGED_FLAGS_MESSAGE)) - {"--flag"}
+    assert named == set(MANAGED_VLLM_FLAGS)

@@ -14,6 +14,7 @@ from crd_admission import admission_errors, apply_defaults, cel_failures, root_s
 from disagg_operator.base import ApiModel
 from disagg_operator.loading import load_spec
 from dmodel_samples import (
+    ADMITTED_MANAGED_SPELLINGS,
     EXAMPLES,
     INVALID_SPECS,
     LEGIT_EXTRA_ARGS,
@@ -189,6 +190,7 @@ def test_cel_rule_refuses_what_the_model_validator_refuses(case: InvalidSpec) ->
         {"prefill": {"extraArgs": ["--enforce-eager", "--portal=x"], "podLabels": {"team": "a"}}},
         {"decode": {"extraArgs": ["--api-server-count", "2"]}},
         {"prefill": {"extraArgs": LEGIT_EXTRA_ARGS}, "decode": {"extraArgs": LEGIT_EXTRA_ARGS}},
+        {"decode": {"extraArgs": ADMITTED_MANAGED_SPELLINGS}},
         {"auth": {"apiKeySecret": {"name": "api-key"}}},
         {"model": {"cache": {"hostPath": {"path": "/data"}}}},
     ],

@@ -1,7 +1,12 @@
-"""``disagg serve`` config checks and environment, without vLLM."""
+"""``disagg serve`` config and extra-argument checks and environment, without vLLM.
+
+The extra-argument checks run here on a stand-in argparse parser; tests/engine runs them on
+vLLM's own server parser (its ``_`` for ``-``, dotted keys and ``--config`` files).
+"""
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 from typing import Any
@@ -10,9 +15,10 @@ import pytest
 import yaml
 
 from disagg_connector.launch_config import LaunchConfigError, check_config, serving_env
-from disagg_connector.launcher import vllm_command
+from disagg_connector.launcher import check_extra_args, split_vllm_args, vllm_command
 from disagg_connector.vllm_facts import kv_transfer_config_keys
-from disagg_contract import Role
+from disagg_connector.vllm_options import managed_option, server_parser, server_parser_modules
+from disagg_contract import MANAGED_VLLM_FLAGS, Role
 from disagg_operator.connector_config import config_map_data
 from disagg_operator.models import DisaggregatedModelSpec
 from disagg_operator.names import Component
@@ -112,34 +118,121 @@ def test_env_defaults_never_override_the_user() -> None:
     assert "FI_PROVIDER" not in serving_env({}, config())
 
 
-def test_command_appends_the_config_and_refuses_a_second_one() -> None:
+def test_command_appends_the_config() -> None:
     cfg = config()
     command = vllm_command(["--model", "m"], cfg)
     assert command[1:5] == ["-m", "vllm.entrypoints.openai.api_server", "--model", "m"]
+    assert command[-2] == "--kv-transfer-config"
     assert json.loads(command[-1]) == cfg
-    with pytest.raises(LaunchConfigError, match="not --kv-transfer-config after"):
-        vllm_command(["--kv-transfer-config={}"], cfg)
 
 
 @pytest.mark.parametrize(
-    "arg",
+    ("args", "split"),
     [
-        "--kv-transfer-config",
-        "--kv_transfer_config={}",
-        "--kv-transfer-config.kv_role",
-        "--kv_transfer_config.kv_role=kv_both",
-        "--kv-transfer",
-        "--kv-t",
+        (["--model", "m"], (["--model", "m"], [])),
+        (["--model", "m", "--", "--enforce-eager"], (["--model", "m"], ["--enforce-eager"])),
+        (["--port", "1", "--", "-O3", "--", "x"], (["--port", "1"], ["-O3", "--", "x"])),
     ],
 )
-def test_command_refuses_every_spelling_vllm_reads_as_the_config(arg: str) -> None:
-    with pytest.raises(LaunchConfigError, match="vLLM reads it as --kv-transfer-config"):
-        vllm_command(["--model", "m", arg, "{}"], config())
+def test_extra_args_follow_the_first_marker(
+    args: list[str], split: tuple[list[str], list[str]]
+) -> None:
+    assert split_vllm_args(args) == split
 
 
-@pytest.mark.parametrize("arg", ["--kv-cache-dtype", "--kv-transfer-configs", "--", "-kv"])
-def test_command_passes_other_flags(arg: str) -> None:
-    assert arg in vllm_command([arg, "x"], config())
+def stand_in_parser() -> argparse.ArgumentParser:
+    """A few of vLLM's options, declared as vLLM declares them (abbreviations allowed)."""
+    parser = argparse.ArgumentParser(prog="server")
+    parser.add_argument("--model", default="default-model")
+    parser.add_argument("--model-impl")
+    parser.add_argument("--max-model-len", type=int)
+    parser.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
+    parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction)
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--portal-count", type=int)
+    parser.add_argument("--enforce-eager", action="store_true")
+    return parser
+
+
+@pytest.mark.parametrize(
+    ("extra", "says"),
+    [
+        (["--port", "8000"], "reads `--port 8000` as --port, which the operator sets; drop it"),
+        (["--max-model=10"], "`--max-model=10` as --max-model-len, which the operator sets; set "
+         "spec.model.maxModelLen instead"),
+        (["-t", "2"], "`-t 2` as --tensor-parallel-size/-tp, which the operator sets; set "
+         "tensorParallelSize"),
+        (["--no-enable-prefix"], "`--no-enable-prefix` as --enable-prefix-caching/"
+         "--no-enable-prefix-caching, which the operator sets; set prefixCaching"),
+        (["--enforce-eager", "--model-impl", "x", "--model=m", "-O3"], "`--model=m` as --model,"),
+        (["--bogus", "--port", "9"], "`--port 9` as --port"),
+    ],
+)  # fmt: skip
+def test_extra_args_vllm_reads_as_a_managed_flag_are_refused(extra: list[str], says: str) -> None:
+    with pytest.raises(LaunchConfigError) as caught:
+        check_extra_args(stand_in_parser(), Role.DECODE, extra)
+    assert str(caught.value).startswith("spec.decode.extraArgs: vLLM reads `"), caught.value
+    assert says in str(caught.value), caught.value
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ["--enforce-eager", "--model-impl", "vllm", "--portal-count=2"],
+        ["--portal", "2"],
+        ["--mod", "x"],
+        ["--unknown", "--port"],
+        ["--", "--port", "9"],
+    ],
+)
+def test_other_extra_args_pass_to_vllm(extra: list[str]) -> None:
+    """Other options, and arguments vLLM refuses by itself (ambiguous, unknown, no value)."""
+    check_extra_args(stand_in_parser(), Role.PREFILL, extra)
+
+
+def test_managed_flags_the_parser_lacks_are_skipped() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--disable-prefix-caching", action="store_true")
+    parser.add_argument("--enforce-eager", action="store_true")
+    assert managed_option(parser, ["--enforce-eager"], MANAGED_VLLM_FLAGS) is None
+    assert managed_option(parser, ["--disable-prefix"], MANAGED_VLLM_FLAGS) == (
+        "--disable-prefix",
+        ["--disable-prefix-caching"],
+    )
+
+
+def test_server_parser_is_found_through_the_main_the_server_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    package = tmp_path / "fakevllm"
+    (package / "entry").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "entry" / "__init__.py").write_text("")
+    (package / "server.py").write_text(
+        "import heavy_thing\n\nif __name__ == '__main__':\n"
+        "    from fakevllm.entry.run import main\n\n    main()\n"
+    )
+    (package / "entry" / "run.py").write_text(
+        "def main():\n    from ..args import make_arg_parser\n"
+        "    from fakevllm.util import FlexibleArgumentParser as FlexibleArgumentParser\n"
+    )
+    (package / "args.py").write_text(
+        "def make_arg_parser(parser):\n    parser.add_argument('--port')\n    return parser\n"
+    )
+    (package / "util.py").write_text(
+        "from argparse import ArgumentParser as FlexibleArgumentParser\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert server_parser_modules("fakevllm.server") == {
+        "FlexibleArgumentParser": "fakevllm.util",
+        "make_arg_parser": "fakevllm.args",
+    }
+    assert server_parser("fakevllm.server").parse_args(["--port", "1"]).port == "1"
+    (package / "entry" / "run.py").write_text(
+        "def main():\n    from ..args import make_arg_parser\n"
+    )
+    with pytest.raises(LookupError, match="main no longer imports FlexibleArgumentParser"):
+        server_parser_modules("fakevllm.server")
 
 
 def test_accepted_keys_are_read_from_vllm_source(tmp_path: Path) -> None:

@@ -309,12 +309,12 @@ def test_prefix_caching_per_role() -> None:
     assert "--enable-prefix-caching" in container(patch, "decode")["command"]
 
 
-def test_extra_args_come_last() -> None:
+def test_extra_args_come_last_after_the_marker() -> None:
     patch = {"decode": {"extraArgs": ["--enforce-eager", "--gpu-memory-utilization=0.9"]}}
-    assert container(patch, "decode")["command"][-2:] == [
-        "--enforce-eager",
-        "--gpu-memory-utilization=0.9",
-    ]
+    command = container(patch, "decode")["command"]
+    assert command.count("--") == 2
+    assert command[-3:] == ["--", "--enforce-eager", "--gpu-memory-utilization=0.9"]
+    assert container(patch, "prefill")["command"].count("--") == 1
     assert "--enforce-eager" not in container(patch, "prefill")["command"]
 
 
