@@ -2,15 +2,22 @@
 
 Decode publishes the digest of the tokens its retained KV was computed from; prefill hashes
 its new prompt the same way and keeps only the leading blocks whose hashes match. A block's
-hash chains over every block before it, so equal hashes at block ``i`` mean equal tokens in
-blocks ``0..i`` (up to a 64-bit second preimage). The wire format is versioned: a reader
-refuses any version it does not know, so reuse is never granted on a format it cannot check.
+hash chains over every block before it, so equal hashes at block ``i`` mean equal inputs in
+blocks ``0..i`` (up to a 64-bit second preimage). Besides the token ids, the inputs are what
+else decides a block's KV: the prefix-cache salt and the LoRA adapter seed the chain, and each
+multimodal item (its content hash and placeholder range) enters the hash of the block where
+its placeholder starts. A text-only prompt without an adapter hashes as it always did, so any
+disagreement between two versions on the rest fails safe (no match).
+
+The wire format is versioned: a reader refuses any version it does not know, so reuse is never
+granted on a format it cannot check.
 """
 
 from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -26,35 +33,83 @@ class DigestFormatError(ValueError):
     """A published digest is malformed or of an unknown wire version."""
 
 
-def _seed(block_size: int, cache_salt: str | None) -> bytes:
-    seed = f"{block_size}|{cache_salt or ''}".encode()
-    return hashlib.blake2b(seed, digest_size=HASH_BYTES, person=_PERSON).digest()
+class TokenRangeError(ValueError):
+    """A token id does not fit the digest's unsigned 32-bit encoding."""
+
+
+@dataclass(frozen=True)
+class MultimodalItem:
+    """One multimodal input of a prompt: where its placeholder tokens lie and what it is."""
+
+    offset: int
+    length: int
+    identifier: str
+    """vLLM's content hash of the item (``MultiModalFeatureSpec.identifier``)."""
+
+
+@dataclass(frozen=True)
+class PromptInputs:
+    """What besides the token ids decides the KV a prompt's blocks hold."""
+
+    cache_salt: str | None = None
+    """vLLM's per-tenant prefix-cache salt."""
+    adapter: tuple[str, str] | None = None
+    """The LoRA adapter's name and path, or None for the base model."""
+    multimodal: tuple[MultimodalItem, ...] = ()
+
+
+NO_INPUTS = PromptInputs()
+
+
+def _blake(data: bytes) -> bytes:
+    return hashlib.blake2b(data, digest_size=HASH_BYTES, person=_PERSON).digest()
+
+
+def _seed(block_size: int, inputs: PromptInputs) -> bytes:
+    seed = _blake(f"{block_size}|{inputs.cache_salt or ''}".encode())
+    if inputs.adapter is not None:
+        seed = _blake(seed + b"|lora|" + json.dumps(list(inputs.adapter)).encode())
+    return seed
+
+
+def _items_by_block(inputs: PromptInputs, block_size: int) -> dict[int, bytes]:
+    """The canonical bytes of the multimodal items whose placeholder starts in each block."""
+    grouped: dict[int, list[list[object]]] = {}
+    for item in sorted(inputs.multimodal, key=lambda i: (i.offset, i.length, i.identifier)):
+        grouped.setdefault(item.offset // block_size, []).append(
+            [item.offset, item.length, item.identifier]
+        )
+    return {index: b"|mm|" + json.dumps(items).encode() for index, items in grouped.items()}
 
 
 def chained_block_hashes(
     token_ids: Sequence[int],
     block_size: int,
-    cache_salt: str | None = None,
+    inputs: PromptInputs = NO_INPUTS,
     max_blocks: int | None = None,
 ) -> list[bytes]:
     """Hash every whole block of ``token_ids``, each hash chained over the previous one.
 
-    ``cache_salt`` (vLLM's per-tenant prefix-cache salt) seeds the chain, so KV computed
-    under one salt never verifies against a prompt sent under another.
+    The salt and the adapter seed the chain, so KV computed under one salt or adapter never
+    verifies against a prompt sent under another; a block where a multimodal item starts
+    also hashes that item, so the same placeholder tokens for another image do not match.
+    Raises :class:`TokenRangeError` for a token id outside unsigned 32 bits.
     """
     if block_size <= 0:
         raise ValueError(f"block_size must be positive, got {block_size}")
     num_blocks = len(token_ids) // block_size
     if max_blocks is not None:
         num_blocks = min(num_blocks, max_blocks)
-    previous = _seed(block_size, cache_salt)
+    previous = _seed(block_size, inputs)
+    items = _items_by_block(inputs, block_size)
     hashes: list[bytes] = []
     for index in range(num_blocks):
         block = token_ids[index * block_size : (index + 1) * block_size]
-        packed = struct.pack(f"<{block_size}I", *block)
-        previous = hashlib.blake2b(
-            previous + packed, digest_size=HASH_BYTES, person=_PERSON
-        ).digest()
+        try:
+            packed = struct.pack(f"<{block_size}I", *block)
+        except struct.error as exc:
+            raise TokenRangeError(f"block {index} holds a token id outside 32 bits") from exc
+        previous = _blake(previous + packed + items.get(index, b""))
         hashes.append(previous)
     return hashes
 
@@ -68,10 +123,10 @@ class TokenDigest:
 
     @classmethod
     def of_tokens(
-        cls, token_ids: Sequence[int], block_size: int, cache_salt: str | None = None
+        cls, token_ids: Sequence[int], block_size: int, inputs: PromptInputs = NO_INPUTS
     ) -> TokenDigest:
         """Digest the whole blocks of ``token_ids``."""
-        return cls(block_size, tuple(chained_block_hashes(token_ids, block_size, cache_salt)))
+        return cls(block_size, tuple(chained_block_hashes(token_ids, block_size, inputs)))
 
     @property
     def num_blocks(self) -> int:
@@ -111,9 +166,9 @@ class TokenDigest:
         hashes = tuple(raw[i : i + HASH_BYTES] for i in range(0, len(raw), HASH_BYTES))
         return cls(block_size, hashes)
 
-    def matching_blocks(self, token_ids: Sequence[int], cache_salt: str | None = None) -> int:
-        """Count the leading whole blocks of ``token_ids`` whose tokens match the digest."""
-        candidate = chained_block_hashes(token_ids, self.block_size, cache_salt, self.num_blocks)
+    def matching_blocks(self, token_ids: Sequence[int], inputs: PromptInputs = NO_INPUTS) -> int:
+        """Count the leading whole blocks of ``token_ids`` whose inputs match the digest."""
+        candidate = chained_block_hashes(token_ids, self.block_size, inputs, self.num_blocks)
         matched = 0
         for published, computed in zip(self.block_hashes, candidate, strict=False):
             if published != computed:

@@ -13,20 +13,47 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from disagg_connector.prefix_digest import DigestFormatError, TokenDigest
+from disagg_connector.prefix_digest import (
+    NO_INPUTS,
+    DigestFormatError,
+    PromptInputs,
+    TokenDigest,
+    TokenRangeError,
+)
 from disagg_contract import EXPIRES_AT_KEY, EXPIRY_MARGIN_S, TOKEN_DIGEST_KEY
 
 
 class Verdict(enum.StrEnum):
-    """Why prefill reuses what it reuses."""
+    """What became of an offer: read as offered, cut, or refused, and why.
+
+    The first group is decided on the offer itself before anything reads it (see
+    :mod:`offer`); the second by checking decode's digest against the new prompt.
+    """
+
+    MALFORMED = "malformed"
+    """A field has the wrong type, range or shape (or the params are not an object)."""
+    NO_KEY = "no-key"
+    """This engine holds no signing key, so it cannot check the offer."""
+    UNSIGNED = "unsigned"
+    """The offer carries no signed envelope."""
+    OTHER_MODEL = "other-model"
+    """The envelope names another model (or block size) than this engine serves."""
+    BAD_SIGNATURE = "bad-signature"
+    """The signature does not match the offer under any key: forged or altered."""
+    EXPIRED = "expired"
+    REPLAYED = "replayed"
+    """This engine already accepted the offer once (offers are single-use)."""
+    UNCHECKED = "unchecked"
+    """A prefill-to-decode offer accepted unsigned, because neither side holds a key."""
 
     VERIFIED = "verified"
     DIVERGED = "diverged"
     NO_DIGEST = "no-digest"
     BAD_DIGEST = "bad-digest"
     BLOCK_SIZE_MISMATCH = "block-size-mismatch"
-    EXPIRED = "expired"
     PARTIAL_HYBRID = "partial-hybrid"
+    PROMPT_EMBEDS = "prompt-embeds"
+    """The prompt comes as embeddings, which the digest does not cover."""
 
 
 @dataclass(frozen=True)
@@ -59,14 +86,16 @@ def plan_reuse(
     prompt_token_ids: Sequence[int],
     block_size: int,
     *,
-    cache_salt: str | None,
+    inputs: PromptInputs = NO_INPUTS,
     now_unix: float,
     blocks_cuttable: bool,
 ) -> ReusePlan:
     """Plan the verified reuse of decode's retained KV for a new prompt.
 
-    ``blocks_cuttable`` is false for hybrid models (sliding-window or state groups), whose
-    block lists cannot be cut at an arbitrary block: there reuse is all or nothing.
+    ``params`` must have passed :func:`offer_form.form_problem`. ``inputs`` are the new
+    prompt's salt, adapter and multimodal items. ``blocks_cuttable`` is false for hybrid
+    models (sliding-window or state groups), whose block lists cannot be cut at an arbitrary
+    block: there reuse is all or nothing.
     """
     remote_tokens = int(params.get("remote_num_tokens") or 0)
     offered = min(remote_tokens, len(prompt_token_ids))
@@ -89,7 +118,10 @@ def plan_reuse(
     if digest.block_size != block_size:
         return rejected(Verdict.BLOCK_SIZE_MISMATCH)
 
-    verified = digest.matching_blocks(prompt_token_ids[:usable], cache_salt) * block_size
+    try:
+        verified = digest.matching_blocks(prompt_token_ids[:usable], inputs) * block_size
+    except TokenRangeError:
+        return rejected(Verdict.MALFORMED)
     if not blocks_cuttable and verified != remote_tokens:
         return rejected(Verdict.PARTIAL_HYBRID)
     verdict = Verdict.VERIFIED if verified == usable else Verdict.DIVERGED

@@ -1,13 +1,20 @@
-"""Scheduler side of the connector: verified-prefix D->P reuse on top of vLLM's pull scheduler.
+"""Scheduler side of the connector: signed offers and verified-prefix D->P reuse on vLLM's pull.
 
-Decode side: when a finished turn's blocks are retained, the published ``kv_transfer_params``
-gain the digest of the exact tokens that KV holds and its wall-clock expiry.
-Prefill side: before vLLM decides how much to pull, the offer is checked against the new
-prompt and cut to the longest verified block-aligned prefix (see :mod:`reuse_plan`).
+Publishing (``request_finished``): when a finished request's blocks are retained for another
+engine to read, decode adds the digest of the exact tokens that KV holds and its wall-clock
+expiry, and either role signs the offer (see :mod:`offer`).
+
+Reading: an offer is admitted when the request arrives (``on_new_request``, the first hook
+that sees it, before vLLM's pull scheduler reads any field): its shape is checked (see
+:mod:`offer_form`), then its signature, expiry and single use. A refused offer is stripped,
+so the request is served as a recompute, and counted by verdict. An admitted D->P offer is
+then checked against the prompt and cut to the longest verified block-aligned prefix (see
+:mod:`reuse_plan`) when vLLM first asks how much to pull.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -18,10 +25,23 @@ from vllm.distributed.kv_transfer.kv_connector.v1.nixl.pull_scheduler import (
 from vllm.logger import init_logger
 
 from disagg_connector.idle_wait import EngineInputWaiter
-from disagg_connector.prefix_digest import TokenDigest
-from disagg_connector.reuse_plan import ReusePlan, cut_params, offers_remote_kv, plan_reuse
+from disagg_connector.offer import OfferSigner, load_offer_keys, model_identity
+from disagg_connector.offer_form import (
+    Direction,
+    drop_private_keys,
+    form_problem,
+    pull_direction,
+    refuse,
+)
+from disagg_connector.prefix_digest import (
+    MultimodalItem,
+    PromptInputs,
+    TokenDigest,
+    TokenRangeError,
+)
+from disagg_connector.reuse_plan import ReusePlan, Verdict, cut_params, plan_reuse
 from disagg_connector.stats import DisaggKVConnectorStats
-from disagg_contract import EXPIRES_AT_KEY, TOKEN_DIGEST_KEY
+from disagg_contract import EXPIRES_AT_KEY, KV_ROLE, TOKEN_DIGEST_KEY, Role
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -35,17 +55,46 @@ if TYPE_CHECKING:
 # Under vLLM's logger tree, so the lines go through vLLM's handlers and format.
 logger = init_logger(f"vllm.{__name__}")
 
-_VERIFIED_FLAG = "_disagg_verified"
+
+def prompt_inputs(request: Request) -> PromptInputs:
+    """The salt, LoRA adapter and multimodal items of ``request``, as the digest binds them."""
+    lora = request.lora_request
+    adapter = (str(lora.lora_name), str(lora.lora_path)) if lora is not None else None
+    items = tuple(
+        MultimodalItem(
+            int(feature.mm_position.offset),
+            int(feature.mm_position.length),
+            str(feature.identifier),
+        )
+        for feature in request.mm_features
+    )
+    return PromptInputs(request.cache_salt, adapter, items)
 
 
 class DisaggConnectorScheduler(NixlPullConnectorScheduler):
-    """vLLM's NIXL pull scheduler with verified-prefix reuse of decode's retained KV."""
+    """vLLM's NIXL pull scheduler with signed offers and verified-prefix reuse of decode's KV."""
 
     def __init__(
         self, vllm_config: VllmConfig, engine_id: str, kv_cache_config: KVCacheConfig
     ) -> None:
         super().__init__(vllm_config, engine_id, kv_cache_config)
         self.reuse_stats = DisaggKVConnectorStats()
+        keys = load_offer_keys(os.environ)
+        served_name = str(vllm_config.model_config.served_model_name)
+        self.signer = OfferSigner(keys, model_identity(served_name, self.block_size))
+        if keys is None:
+            logger.warning(
+                "No offer-signing key: offers are published unsigned, decode's retained KV "
+                "is never read back (D->P) and prefill's KV is read unchecked (P->D)"
+            )
+        self._num_transfer_groups = len(kv_cache_config.transfer_groups)
+        # The way this engine reads KV in the flow it serves: what a shapeless offer counts as.
+        self._reads = (
+            Direction.DECODE_TO_PREFILL
+            if vllm_config.kv_transfer_config.kv_role == KV_ROLE[Role.PREFILL]
+            else Direction.PREFILL_TO_DECODE
+        )
+        self._admitted: set[str] = set()
         self._plans: dict[str, ReusePlan] = {}
         self._live_requests: set[str] = set()
         self._retained_requests: set[str] = set()
@@ -59,29 +108,101 @@ class DisaggConnectorScheduler(NixlPullConnectorScheduler):
     @override
     def on_new_request(self, request: Request) -> None:
         self._live_requests.add(request.request_id)
+        self._admit_offer(request)
         super().on_new_request(request)
+
+    def _admit_offer(self, request: Request) -> None:
+        """Check the offer ``request`` carries, if any; strip it when it is refused."""
+        params = request.kv_transfer_params
+        if params is None:
+            return
+        if not isinstance(params, dict):
+            request.kv_transfer_params = None
+            self.reuse_stats.record_verdict(self._reads, Verdict.MALFORMED)
+            logger.warning(
+                "Refused params of %s: not an object (%s)",
+                request.request_id,
+                type(params).__name__,
+            )
+            return
+        drop_private_keys(params)
+        direction = pull_direction(params)
+        if direction is None:
+            return
+        problem = form_problem(
+            params,
+            num_groups=self._num_transfer_groups,
+            block_size=self.block_size,
+            exact_block_counts=not self._is_hma_required,
+        )
+        if problem is None and direction is Direction.PREFILL_TO_DECODE:
+            problem = self._prompt_problem(request, params)
+        if problem is not None:
+            self._refuse(request, params, direction, Verdict.MALFORMED, problem)
+            return
+        admission = self.signer.admit(params, direction, time.time())
+        if not admission.admitted:
+            assert admission.verdict is not None
+            self._refuse(request, params, direction, admission.verdict, admission.reason)
+        elif admission.verdict is not None:
+            self.reuse_stats.record_verdict(direction, admission.verdict)
+        else:
+            self._admitted.add(request.request_id)
+
+    def _prompt_problem(self, request: Request, params: dict[str, Any]) -> str | None:
+        """Whether a P->D offer covers the prompt decode will pull (vLLM asserts it does)."""
+        pulled = self._get_remote_prefill_token_count(request.num_prompt_tokens)
+        if params["remote_num_tokens"] < pulled:
+            return (
+                f"remote_num_tokens {params['remote_num_tokens']} covers less than the "
+                f"{pulled} prompt tokens to pull"
+            )
+        return None
+
+    def _refuse(
+        self,
+        request: Request,
+        params: dict[str, Any],
+        direction: Direction,
+        verdict: Verdict,
+        reason: str,
+    ) -> None:
+        refuse(params)
+        self.reuse_stats.record_verdict(direction, verdict)
+        logger.warning(
+            "Refused %s offer for %s: %s (%s); serving it as a recompute",
+            direction.value,
+            request.request_id,
+            verdict.value,
+            reason,
+        )
 
     @override
     def get_num_new_matched_tokens(
         self, request: Request, num_computed_tokens: int
     ) -> tuple[int, bool]:
-        params = request.kv_transfer_params
-        if params is not None and offers_remote_kv(params) and not params.get(_VERIFIED_FLAG):
+        if request.request_id in self._admitted:
+            self._admitted.discard(request.request_id)
+            params = request.kv_transfer_params
+            assert params is not None
             self._verify_offer(request, params)
         return super().get_num_new_matched_tokens(request, num_computed_tokens)
 
     def _verify_offer(self, request: Request, params: dict[str, Any]) -> None:
+        """Cut an admitted D->P offer to the prefix of the prompt decode's digest verifies."""
         plan = plan_reuse(
             params,
             request.prompt_token_ids or [],
             self.block_size,
-            cache_salt=request.cache_salt,
+            inputs=prompt_inputs(request),
             now_unix=time.time(),
             blocks_cuttable=not self._is_hma_required,
         )
+        if request.prompt_embeds is not None:
+            plan = ReusePlan(Verdict.PROMPT_EMBEDS, plan.offered_tokens, plan.usable_tokens, 0)
         cut_params(params, plan, self.block_size)
-        params[_VERIFIED_FLAG] = True
         self._plans[request.request_id] = plan
+        self.reuse_stats.record_verdict(Direction.DECODE_TO_PREFILL, plan.verdict)
         logger.info(
             "D->P offer for %s from engine %s: %s, offered %d tokens, usable %d, verified %d, "
             "rejected %d",
@@ -114,19 +235,35 @@ class DisaggConnectorScheduler(NixlPullConnectorScheduler):
         self, request: Request, block_ids: Any
     ) -> tuple[bool, dict[str, Any] | None]:
         self._live_requests.discard(request.request_id)
+        self._admitted.discard(request.request_id)
         self._plans.pop(request.request_id, None)
         delay_free, params = super().request_finished(request, block_ids)
         if delay_free:
             self._retained_requests.add(request.request_id)
-        if delay_free and params is not None and params.get("do_remote_decode"):
-            self._publish_digest(request, params)
+        if delay_free and params is not None:
+            self._publish(request, params)
         return delay_free, params
 
+    def _publish(self, request: Request, params: dict[str, Any]) -> None:
+        """Sign the offer of retained blocks; decode's also gets the digest and expiry."""
+        if not params.get("do_remote_decode"):
+            self.signer.sign(params, time.time() + float(self._kv_lease_duration))
+            return
+        expires_at = time.time() + float(self.decoder_kv_blocks_ttl)
+        params[EXPIRES_AT_KEY] = expires_at
+        if request.prompt_embeds is None:
+            self._publish_digest(request, params)
+        self.signer.sign(params, expires_at)
+
     def _publish_digest(self, request: Request, params: dict[str, Any]) -> None:
+        """Digest exactly the tokens decode's retained KV holds: ``remote_num_tokens`` of them."""
         held_tokens = request.all_token_ids[: params["remote_num_tokens"]]
-        digest = TokenDigest.of_tokens(held_tokens, self.block_size, request.cache_salt)
+        try:
+            digest = TokenDigest.of_tokens(held_tokens, self.block_size, prompt_inputs(request))
+        except TokenRangeError as exc:
+            logger.warning("No digest for %s: %s", request.request_id, exc)
+            return
         params[TOKEN_DIGEST_KEY] = digest.to_wire()
-        params[EXPIRES_AT_KEY] = time.time() + float(self.decoder_kv_blocks_ttl)
 
     @override
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
@@ -147,7 +284,7 @@ class DisaggConnectorScheduler(NixlPullConnectorScheduler):
         return super().build_connector_meta(scheduler_output)
 
     def take_stats(self) -> DisaggKVConnectorStats | None:
-        """Hand over the reuse counts gathered since the last call, if any."""
+        """Hand over the reuse and verdict counts gathered since the last call, if any."""
         if self.reuse_stats.is_empty():
             return None
         return self.reuse_stats.clone_and_reset()

@@ -1,7 +1,9 @@
-"""Connector stats and Prometheus metrics: NIXL's, plus verified-prefix reuse counts.
+"""Connector stats and Prometheus metrics: NIXL's, plus verified-prefix reuse and offer verdicts.
 
 The counts ride in vLLM's connector stats, so they show up in the periodic
-``KV Transfer metrics:`` log line of the prefill server and as Prometheus counters.
+``KV Transfer metrics:`` log line of the server and as Prometheus counters: tokens reused and
+rejected (prefill), and every offer an engine was asked to read by direction and verdict
+(``vllm:disagg_kv_offers_total{direction=..., verdict=...}``), refusals included.
 """
 
 from __future__ import annotations
@@ -21,9 +23,13 @@ from vllm.distributed.kv_transfer.kv_connector.v1.nixl.stats import (
 )
 from vllm.v1.metrics.utils import create_metric_per_engine
 
+from disagg_connector.offer_form import Direction
+from disagg_connector.reuse_plan import Verdict
+
 REUSED_TOKENS = "disagg_reused_tokens"
 REJECTED_TOKENS = "disagg_rejected_tokens"
-_REUSE_KEYS = (REUSED_TOKENS, REJECTED_TOKENS)
+OFFER_VERDICTS = "disagg_offer_verdicts"
+_REUSE_KEYS = (REUSED_TOKENS, REJECTED_TOKENS, OFFER_VERDICTS)
 
 
 class DisaggKVConnectorStats(NixlKVConnectorStats):
@@ -39,6 +45,10 @@ class DisaggKVConnectorStats(NixlKVConnectorStats):
         """Record one D->P offer: tokens pulled and tokens recomputed instead."""
         self.data[REUSED_TOKENS].append(reused_tokens)
         self.data[REJECTED_TOKENS].append(rejected_tokens)
+
+    def record_verdict(self, direction: Direction, verdict: Verdict) -> None:
+        """Record what became of one offer this engine was asked to read."""
+        self.data[OFFER_VERDICTS].append(f"{direction.value}:{verdict.value}")
 
     @override
     def is_empty(self) -> bool:
@@ -57,11 +67,17 @@ class DisaggKVConnectorStats(NixlKVConnectorStats):
         reduced["Num D->P offers"] = len(self.data.get(REUSED_TOKENS, []))
         reduced["D->P reused tokens"] = sum(self.data.get(REUSED_TOKENS, []))
         reduced["D->P rejected tokens"] = sum(self.data.get(REJECTED_TOKENS, []))
+        for label in sorted(set(self.data.get(OFFER_VERDICTS, []))):
+            reduced[f"Offers {label}"] = self.data[OFFER_VERDICTS].count(label)
         return reduced
 
 
 class DisaggPromMetrics(NixlPromMetrics):
-    """NIXL's Prometheus metrics plus counters of reused and rejected D->P tokens."""
+    """NIXL's Prometheus metrics plus D->P token counters and offer verdict counters.
+
+    Every (direction, verdict) series exists from the start at zero, so a refusal shows as
+    a counter that moved.
+    """
 
     def __init__(
         self,
@@ -91,6 +107,22 @@ class DisaggPromMetrics(NixlPromMetrics):
                 self.per_engine_labelvalues,
             ),
         }
+        offers = self._counter_cls(
+            name="vllm:disagg_kv_offers",
+            documentation="Offers of another engine's KV this engine was asked to read, by "
+            "direction and verdict (verified, cut or refused, and why).",
+            labelnames=[*labelnames, "direction", "verdict"],
+        )
+        self.offer_counters = {
+            engine_idx: {
+                f"{direction.value}:{verdict.value}": offers.labels(
+                    *labelvalues, direction.value, verdict.value
+                )
+                for direction in Direction
+                for verdict in Verdict
+            }
+            for engine_idx, labelvalues in self.per_engine_labelvalues.items()
+        }
 
     @override
     def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:
@@ -98,3 +130,7 @@ class DisaggPromMetrics(NixlPromMetrics):
         for key, counter in self.reuse_counters.items():
             for value in transfer_stats_data.get(key, ()):
                 counter[engine_idx].inc(value)
+        for label in transfer_stats_data.get(OFFER_VERDICTS, ()):
+            series = self.offer_counters[engine_idx].get(label)
+            if series is not None:
+                series.inc()

@@ -53,6 +53,11 @@ DIGEST_WIRE_VERSION = 1
 EXPIRY_MARGIN_S = 5
 """Seconds before expiry at which an offer is no longer read: vLLM's worker declines reads that
 expire within this margin, so the router drops entries and the operator sizes TTLs by it."""
+OFFER_KEY = "disagg_offer"
+"""The signed envelope of an offer (wire version, offer id, expiry, model, HMAC-SHA256 signature):
+the engine that publishes retained KV signs it, the engine that would read that KV checks it."""
+OFFER_WIRE_VERSION = 1
+"""Version of the signed envelope's wire format; a reader refuses any version it does not know."""
 
 # --- Ports -----------------------------------------------------------------------------------
 ENGINE_PORT = 8000
@@ -81,6 +86,11 @@ IDLE_STEP_WAIT_ENV = "DISAGG_IDLE_STEP_WAIT_MS"
 """Milliseconds an engine step with nothing to do but hold retained KV may wait (0: off)."""
 NIXL_PROGRESS_DELAY_ENV = "DISAGG_NIXL_PROGRESS_DELAY_US"
 """Microseconds NIXL's progress thread sleeps between polls (unset: NIXL's default)."""
+OFFER_KEY_FILE_ENV = "DISAGG_OFFER_KEY_FILE"
+"""Path of the file holding the model's offer-signing keys, one a line (the first signs, every
+one verifies); only prefill and decode hold it, never the router or a client."""
+OFFER_KEY_ENV = "DISAGG_OFFER_KEY"
+"""The offer-signing key itself, when it comes as an environment variable instead of a file."""
 
 # --- vLLM options the operator sets -----------------------------------------------------------
 # The operator renders these into every prefill and decode command, so a role's `extraArgs` may

@@ -6,7 +6,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from disagg_connector.prefix_digest import DigestFormatError, TokenDigest, chained_block_hashes
+from disagg_connector.prefix_digest import (
+    DigestFormatError,
+    MultimodalItem,
+    PromptInputs,
+    TokenDigest,
+    TokenRangeError,
+    chained_block_hashes,
+)
 from disagg_contract import DIGEST_WIRE_VERSION
 
 BLOCK = 4
@@ -47,10 +54,49 @@ def test_chaining_makes_equal_blocks_after_a_difference_not_match() -> None:
 
 def test_cache_salt_separates_tenants() -> None:
     held = list(range(16))
-    digest = TokenDigest.of_tokens(held, BLOCK, cache_salt="tenant-a")
-    assert digest.matching_blocks(held, cache_salt="tenant-a") == 4
-    assert digest.matching_blocks(held, cache_salt="tenant-b") == 0
+    digest = TokenDigest.of_tokens(held, BLOCK, PromptInputs(cache_salt="tenant-a"))
+    assert digest.matching_blocks(held, PromptInputs(cache_salt="tenant-a")) == 4
+    assert digest.matching_blocks(held, PromptInputs(cache_salt="tenant-b")) == 0
     assert digest.matching_blocks(held) == 0
+
+
+def test_lora_adapter_is_bound() -> None:
+    held = list(range(16))
+    adapter = PromptInputs(adapter=("sql", "/adapters/sql"))
+    digest = TokenDigest.of_tokens(held, BLOCK, adapter)
+    assert digest.matching_blocks(held, adapter) == 4
+    assert digest.matching_blocks(held) == 0
+    assert digest.matching_blocks(held, PromptInputs(adapter=("sql", "/adapters/other"))) == 0
+    assert TokenDigest.of_tokens(held, BLOCK).matching_blocks(held, adapter) == 0
+
+
+def test_salt_cannot_spell_an_adapter() -> None:
+    held = list(range(8))
+    with_adapter = TokenDigest.of_tokens(held, BLOCK, PromptInputs("a", ("n", "p")))
+    assert with_adapter.matching_blocks(held, PromptInputs('a|lora|["n", "p"]')) == 0
+
+
+def test_multimodal_item_binds_the_block_where_it_starts_and_all_after() -> None:
+    held = [7] * 16  # the same placeholder tokens for either image
+    cat = PromptInputs(multimodal=(MultimodalItem(5, 6, "hash-cat"),))
+    dog = PromptInputs(multimodal=(MultimodalItem(5, 6, "hash-dog"),))
+    digest = TokenDigest.of_tokens(held, BLOCK, cat)
+    assert digest.matching_blocks(held, cat) == 4
+    assert digest.matching_blocks(held, dog) == 1  # block 0 precedes the image
+    assert digest.matching_blocks(held) == 1
+    moved = PromptInputs(multimodal=(MultimodalItem(9, 6, "hash-cat"),))
+    assert digest.matching_blocks(held, moved) == 1
+
+
+def test_text_only_digest_is_unchanged_by_the_input_binding() -> None:
+    """Digest v1 of a plain prompt: the bytes a v1 decode or prefill computes."""
+    assert chained_block_hashes([1, 2, 3, 4], BLOCK)[0].hex() == "afcc942e5a599937"
+
+
+@pytest.mark.parametrize("token", [-1, 2**32, 2**40])
+def test_token_ids_outside_32_bits_raise_a_value_error(token: int) -> None:
+    with pytest.raises(TokenRangeError):
+        chained_block_hashes([1, 2, 3, token], BLOCK)
 
 
 def test_block_size_is_part_of_the_hash() -> None:

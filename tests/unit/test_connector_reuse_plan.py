@@ -34,9 +34,7 @@ def offer(held: list[int], *, groups: int = 1, **extra: Any) -> dict[str, Any]:
 
 
 def plan(params: dict[str, Any], prompt: list[int], *, cuttable: bool = True) -> Any:
-    return plan_reuse(
-        params, prompt, BLOCK, cache_salt=None, now_unix=NOW, blocks_cuttable=cuttable
-    )
+    return plan_reuse(params, prompt, BLOCK, now_unix=NOW, blocks_cuttable=cuttable)
 
 
 HELD = list(range(1000, 1018))  # 18 tokens: 4 whole blocks and 2 tokens
@@ -155,3 +153,9 @@ def test_full_verification_leaves_the_offer_untouched() -> None:
 )
 def test_offers_remote_kv(params: dict[str, Any] | None, expected: bool) -> None:
     assert offers_remote_kv(params) is expected
+
+
+def test_prompt_token_outside_32_bits_is_a_refusal_not_an_exception() -> None:
+    params = offer(HELD)
+    result = plan(params, [*HELD[:4], 2**32, *HELD[5:], 1])
+    assert (result.verdict, result.verified_tokens) == (Verdict.MALFORMED, 0)

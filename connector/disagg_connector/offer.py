@@ -1,0 +1,254 @@
+"""Signed, single-use offers: an engine reads another engine's KV only where that engine said so.
+
+The engine that retains KV for another to read (decode after a turn, prefill for decode)
+signs what it publishes: HMAC-SHA256, under a per-model key only prefill and decode hold,
+over every field the reader acts on (see :data:`BOUND_KEYS`), a fresh offer id, the expiry
+and the model's identity. The reader checks the signature (constant-time) before it plans a
+read, refuses an expired offer, and accepts each offer id once: an honest offer replayed
+after its first read, once its blocks hold other requests' KV, is refused. Pure logic, no
+vLLM.
+
+Without a key this engine signs nothing and refuses every decode-to-prefill offer: reuse that
+nobody can check is never granted. Prefill-to-decode offers are then accepted unsigned
+(vLLM's own P/D, verdict ``unchecked``) so that a deployment without a key still serves; with
+a key they are checked like the others.
+
+What single use covers: a replay to the engine that accepted the offer, for as long as the
+offer lives, in bounded memory. It does not cover a replay to another replica of the reading
+role: vLLM's pull protocol reads the blocks one-sidedly (the owner is told only after the
+read), so the owner cannot refuse a second reader.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import hmac
+import json
+import math
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from disagg_connector.offer_form import Direction
+from disagg_connector.reuse_plan import Verdict
+from disagg_contract import (
+    EXPIRES_AT_KEY,
+    EXPIRY_MARGIN_S,
+    OFFER_KEY,
+    OFFER_KEY_ENV,
+    OFFER_KEY_FILE_ENV,
+    OFFER_WIRE_VERSION,
+    TOKEN_DIGEST_KEY,
+)
+
+BOUND_KEYS = (
+    "do_remote_prefill",
+    "do_remote_decode",
+    "remote_engine_id",
+    "remote_request_id",
+    "remote_host",
+    "remote_port",
+    "remote_block_ids",
+    "remote_num_tokens",
+    "remote_block_size",
+    "remote_blocks_expiry_time",
+    "tp_size",
+    "dcp_size",
+    "pp_size",
+    "transfer_mode",
+    TOKEN_DIGEST_KEY,
+    EXPIRES_AT_KEY,
+)
+"""The offer's fields the signature covers: every one vLLM's pull scheduler and worker read."""
+MIN_KEY_CHARS = 32
+"""Shortest signing key accepted (a 128-bit random key in hex is exactly this long)."""
+SPENT_CAPACITY = 1 << 17
+"""Most offer ids one engine remembers as read; past it the oldest are forgotten (see below)."""
+_ID_BYTES = 16
+_SIGNATURE_CHARS = 64
+
+
+class OfferKeyError(ValueError):
+    """The signing key is configured but unusable (unreadable, empty or too short)."""
+
+
+@dataclass(frozen=True)
+class OfferKeys:
+    """The model's signing keys: the first signs, every one verifies (for a rotation)."""
+
+    keys: tuple[bytes, ...]
+
+    def sign(self, message: bytes) -> str:
+        """Hex HMAC-SHA256 of ``message`` under the signing key."""
+        return hmac.new(self.keys[0], message, hashlib.sha256).hexdigest()
+
+    def verify(self, message: bytes, signature: str) -> bool:
+        """Whether ``signature`` is ``message``'s under any key (constant-time per key)."""
+        given = signature.encode("ascii", "replace")
+        return any(
+            hmac.compare_digest(hmac.new(key, message, hashlib.sha256).hexdigest().encode(), given)
+            for key in self.keys
+        )
+
+
+def load_offer_keys(environ: Mapping[str, str]) -> OfferKeys | None:
+    """The keys named by the environment, or None when neither variable is set.
+
+    The file (or the variable) holds one key a line; blank lines are skipped. A key that is
+    set but unusable raises :class:`OfferKeyError`, so the engine fails at start-up instead
+    of silently serving without reuse.
+    """
+    path = environ.get(OFFER_KEY_FILE_ENV)
+    value = environ.get(OFFER_KEY_ENV)
+    if path is not None and value is not None:
+        raise OfferKeyError(f"set {OFFER_KEY_FILE_ENV} or {OFFER_KEY_ENV}, not both")
+    if path is not None:
+        try:
+            text = Path(path).read_bytes()
+        except OSError as exc:
+            raise OfferKeyError(f"{OFFER_KEY_FILE_ENV}={path} cannot be read: {exc}") from exc
+        source = f"{OFFER_KEY_FILE_ENV}={path}"
+    elif value is not None:
+        text, source = value.encode(), OFFER_KEY_ENV
+    else:
+        return None
+    keys = tuple(line.strip() for line in text.splitlines() if line.strip())
+    if not keys:
+        raise OfferKeyError(f"{source} holds no key")
+    if any(len(key) < MIN_KEY_CHARS for key in keys):
+        raise OfferKeyError(f"{source} holds a key shorter than {MIN_KEY_CHARS} characters")
+    return OfferKeys(keys)
+
+
+def model_identity(served_model_name: str, block_size: int) -> str:
+    """What an offer names as the model its KV belongs to."""
+    return json.dumps([served_model_name, block_size])
+
+
+def _message(params: Mapping[str, Any], offer_id: str, expires_at: float, model: str) -> bytes:
+    fields = {key: params[key] for key in BOUND_KEYS if key in params}
+    document = [OFFER_WIRE_VERSION, offer_id, expires_at, model, fields]
+    return json.dumps(document, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
+
+
+class SpentOffers:
+    """Offer ids already accepted, each remembered until its expiry, in bounded memory.
+
+    Forgetting an id (at its expiry, or the oldest when the table is full) raises a floor:
+    an offer expiring at or before the floor is refused as a possible replay. So a forgotten
+    id is never accepted again, even if the wall clock steps back; under overload only offers
+    older than the ones still remembered are refused.
+    """
+
+    def __init__(self, capacity: int = SPENT_CAPACITY) -> None:
+        self.capacity = capacity
+        self._expiry: dict[str, float] = {}
+        self._by_expiry: list[tuple[float, str]] = []
+        self._floor = -math.inf
+
+    def __len__(self) -> int:
+        return len(self._expiry)
+
+    def spend(self, offer_id: str, expires_at: float, now: float) -> bool:
+        """Record ``offer_id`` as accepted; False if it was (or may have been) before."""
+        while self._by_expiry and (
+            self._by_expiry[0][0] <= now or len(self._expiry) >= self.capacity
+        ):
+            forgotten, old_id = heapq.heappop(self._by_expiry)
+            del self._expiry[old_id]
+            self._floor = max(self._floor, forgotten)
+        if expires_at <= self._floor or offer_id in self._expiry:
+            return False
+        self._expiry[offer_id] = expires_at
+        heapq.heappush(self._by_expiry, (expires_at, offer_id))
+        return True
+
+
+@dataclass(frozen=True)
+class Admission:
+    """Whether an offer may be read, with the verdict to count and a reason to log."""
+
+    admitted: bool
+    verdict: Verdict | None
+    """None for an admitted decode-to-prefill offer: its verdict comes from the digest."""
+    reason: str = ""
+
+
+class OfferSigner:
+    """Signs the offers this engine publishes and admits the ones it is asked to read."""
+
+    def __init__(
+        self, keys: OfferKeys | None, model: str, spent: SpentOffers | None = None
+    ) -> None:
+        self.keys = keys
+        self.model = model
+        self.spent = spent if spent is not None else SpentOffers()
+
+    def sign(self, params: dict[str, Any], expires_at: float) -> None:
+        """Add the signed envelope to ``params`` (nothing without a key)."""
+        if self.keys is None:
+            return
+        offer_id = secrets.token_urlsafe(_ID_BYTES)
+        signature = self.keys.sign(_message(params, offer_id, expires_at, self.model))
+        params[OFFER_KEY] = {
+            "v": OFFER_WIRE_VERSION,
+            "id": offer_id,
+            "exp": expires_at,
+            "model": self.model,
+            "sig": signature,
+        }
+
+    def admit(self, params: Mapping[str, Any], direction: Direction, now: float) -> Admission:
+        """Check a well-formed offer's envelope, expiry and single use, in that order."""
+        if self.keys is None:
+            if direction is Direction.PREFILL_TO_DECODE:
+                return Admission(True, Verdict.UNCHECKED)
+            return Admission(False, Verdict.NO_KEY, "no signing key on this engine")
+        envelope = params.get(OFFER_KEY)
+        if envelope is None:
+            return Admission(False, Verdict.UNSIGNED, "no signed envelope")
+        problem = _envelope_problem(envelope)
+        if problem is not None:
+            return Admission(False, Verdict.MALFORMED, f"envelope {problem}")
+        assert isinstance(envelope, Mapping)
+        if envelope["model"] != self.model:
+            return Admission(
+                False, Verdict.OTHER_MODEL, f"for model {envelope['model']!r}, not {self.model!r}"
+            )
+        try:
+            message = _message(params, envelope["id"], envelope["exp"], self.model)
+        except (TypeError, ValueError) as exc:
+            return Admission(False, Verdict.MALFORMED, f"fields cannot be encoded: {exc}")
+        if not self.keys.verify(message, envelope["sig"]):
+            return Admission(False, Verdict.BAD_SIGNATURE, "signature does not match")
+        if now + EXPIRY_MARGIN_S >= envelope["exp"]:
+            return Admission(False, Verdict.EXPIRED, f"expired at {envelope['exp']:.0f}")
+        if not self.spent.spend(envelope["id"], envelope["exp"], now):
+            return Admission(False, Verdict.REPLAYED, f"offer {envelope['id']} already read")
+        if direction is Direction.PREFILL_TO_DECODE:
+            return Admission(True, Verdict.VERIFIED)
+        return Admission(True, None)
+
+
+def _envelope_problem(envelope: object) -> str | None:
+    if not isinstance(envelope, Mapping):
+        return "is not an object"
+    version = envelope.get("v")
+    if type(version) is not int or version != OFFER_WIRE_VERSION:
+        return f"wire version {version!r} is not {OFFER_WIRE_VERSION}"
+    offer_id, expires_at = envelope.get("id"), envelope.get("exp")
+    if not isinstance(offer_id, str) or not 16 <= len(offer_id) <= 64 or not offer_id.isascii():
+        return "id is not a short ASCII string"
+    if not isinstance(expires_at, int | float) or isinstance(expires_at, bool):
+        return "exp is not a number"
+    if not math.isfinite(expires_at):
+        return "exp is not finite"
+    if not isinstance(envelope.get("model"), str):
+        return "model is not a string"
+    signature = envelope.get("sig")
+    if not isinstance(signature, str) or len(signature) != _SIGNATURE_CHARS:
+        return f"sig is not {_SIGNATURE_CHARS} hex characters"
+    return None
