@@ -17,6 +17,7 @@ from disagg_contract import (
     ENGINE_PORT,
     EXPIRY_MARGIN_S,
     MANAGED_VLLM_FLAGS,
+    ROUTER_PORT,
     SIDE_CHANNEL_HOST_ENV,
     SIDE_CHANNEL_PORT,
     SIDE_CHANNEL_PORT_ENV,
@@ -449,7 +450,7 @@ class RouterSpec(ApiModel):
 
     replicas: Annotated[int, Field(ge=0, le=64)] = Field(1, description="Router replicas.")
     image: ImageSpec | None = Field(None, description="Router image. Defaults to spec.image.")
-    port: Port = Field(8000, description="Port of the router Service and container.")
+    port: Port = Field(ROUTER_PORT, description="Port of the router Service and container.")
     service_type: ServiceType = Field("ClusterIP", description="Type of the router Service.")
     conversation_ttl_seconds: Annotated[int, Field(ge=1, le=86400)] | None = Field(
         None,

@@ -197,7 +197,8 @@ def test_an_environment_lacks_other_images_dependencies(tmp_path: Path) -> None:
 def _contract_literals() -> dict[object, str]:
     """The contract's constants by value: every string and number it assigns (dict values too).
 
-    Role values are left out: "prefill" and "decode" are also plain words in messages.
+    Role values are left out: "prefill" and "decode" are also plain words in messages; so are
+    vLLM's option strings (``--port``): the operator renders them and other CLIs share names.
     """
     tree = ast.parse((PACKAGES[CONTRACT] / "__init__.py").read_text())
     found: dict[object, str] = {}
@@ -207,6 +208,8 @@ def _contract_literals() -> dict[object, str]:
             assert isinstance(target, ast.Name)
             for item in ast.walk(node.value):
                 value = item.value if isinstance(item, ast.Constant) else None
+                if isinstance(value, str) and value.startswith("-"):
+                    continue
                 if isinstance(value, str) or (type(value) is int and value >= 1000):
                     found[value] = target.id
     return found

@@ -275,6 +275,13 @@ def test_image_fields() -> None:
         assert spec["imagePullSecrets"] == [{"name": "regcred"}]
 
 
+def test_a_refusal_at_start_up_shows_in_the_pod_status() -> None:
+    """`disagg serve` refuses a bad extraArgs spelling on stderr; the kubelet keeps the log tail
+    as the termination message, so `kubectl describe pod` shows why the pod crash-loops."""
+    for main in (container({}, "prefill"), container({}, "decode"), router_container({})):
+        assert main["terminationMessagePolicy"] == "FallbackToLogsOnError"
+
+
 def test_router_image_overrides_serving_image_for_the_router_only() -> None:
     patch = {"router": {"image": {"repository": "ghcr.io/acme/router", "tag": "3"}}}
     assert router_container(patch)["image"] == "ghcr.io/acme/router:3"
