@@ -28,6 +28,7 @@ from disagg_contract import (
     IDLE_STEP_WAIT_ENV,
     KV_ROLE,
     NIXL_PROGRESS_DELAY_ENV,
+    OFFER_KEY_ENV,
     SIDE_CHANNEL_HOST_ENV,
     SIDE_CHANNEL_PORT_ENV,
     Role,
@@ -42,6 +43,8 @@ STARTUP_TIMEOUT_S = 420.0
 
 HOOK_ENV = {NIXL_PROGRESS_DELAY_ENV: "1000", IDLE_STEP_WAIT_ENV: "10000"}
 """Our 2-core settings: paced NIXL progress thread, idle steps that wait for input."""
+RIG_OFFER_KEY = "disagg-rig-offer-signing-key-not-a-secret"
+"""The offer-signing key every rig server holds (as the operator gives one key per model)."""
 
 
 @dataclass(frozen=True)
@@ -134,6 +137,7 @@ class EngineServer:
                 "VLLM_CPU_OMP_THREADS_BIND": str(self.spec.core),
                 SIDE_CHANNEL_HOST_ENV: "127.0.0.1",
                 SIDE_CHANNEL_PORT_ENV: str(self.spec.side_channel_port),
+                OFFER_KEY_ENV: RIG_OFFER_KEY,
                 "VLLM_LOG_STATS_INTERVAL": "1",
                 "VLLM_NO_USAGE_STATS": "1",
                 "HF_HUB_OFFLINE": "1",
