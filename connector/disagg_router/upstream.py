@@ -114,7 +114,7 @@ class EngineClient:
         content: bytes,
         request_id: str,
         read_timeout_s: float,
-        on_release: Callable[[], None] = _nothing,
+        on_release: Callable[[], None],
     ) -> EngineResponse:
         """POST a JSON body; return once the response's status and headers arrived.
 
