@@ -91,6 +91,23 @@ OFFER_KEY_FILE_ENV = "DISAGG_OFFER_KEY_FILE"
 one verifies); only prefill and decode hold it, never the router or a client."""
 OFFER_KEY_ENV = "DISAGG_OFFER_KEY"
 """The offer-signing key itself, when it comes as an environment variable instead of a file."""
+CLIENT_KEYS_DIR_ENV = "DISAGG_CLIENT_KEYS_DIR"
+"""A folder (a mounted Secret) in which every file is one client key of the router: the file's
+name is the tenant, its content the key; each tenant is its own conversation scope."""
+ENGINE_KEY_FILE_ENV = "DISAGG_ENGINE_KEY_FILE"
+"""Path of the engine credential the router sends to prefill and decode (never a client key)."""
+REDIS_PREFIX_ENV = "DISAGG_REDIS_PREFIX"
+"""The router's Redis key prefix, one per model so that models sharing a Redis never meet."""
+
+# --- Files the operator mounts -----------------------------------------------------------------
+OFFER_KEY_DIR = "/etc/disagg/offer-key"
+"""Where prefill and decode find the model's offer-signing Secret (key ``key``)."""
+CLIENT_KEYS_DIR = "/etc/disagg/client-keys"
+"""Where the router finds its client keys (every key of the client-keys Secret)."""
+ENGINE_KEY_DIR = "/etc/disagg/engine-key"
+"""Where the router finds the engine credential Secret (key ``key``)."""
+SECRET_KEY_NAME = "key"
+"""The data key of each Secret the operator generates (offer-signing key, engine credential)."""
 
 # --- vLLM options the operator sets -----------------------------------------------------------
 # The operator renders these into every prefill and decode command, so a role's `extraArgs` may
