@@ -101,12 +101,12 @@ REDIS_PREFIX_ENV = "DISAGG_REDIS_PREFIX"
 
 # --- Files the operator mounts -----------------------------------------------------------------
 OFFER_KEY_DIR = "/etc/disagg/offer-key"
-"""Where prefill and decode find the model's offer-signing Secret (key ``key``)."""
+"""Where prefill and decode find the model's offer-signing Secret (data key SECRET_KEY_NAME)."""
 CLIENT_KEYS_DIR = "/etc/disagg/client-keys"
 """Where the router finds its client keys (every key of the client-keys Secret)."""
 ENGINE_KEY_DIR = "/etc/disagg/engine-key"
-"""Where the router finds the engine credential Secret (key ``key``)."""
-SECRET_KEY_NAME = "key"
+"""Where the router finds the engine credential Secret (data key SECRET_KEY_NAME)."""
+SECRET_KEY_NAME = "disagg-key"
 """The data key of each Secret the operator generates (offer-signing key, engine credential)."""
 
 # --- vLLM options the operator sets -----------------------------------------------------------
