@@ -3,8 +3,11 @@
 - `reconcile` (resume, create, spec update of a DisaggregatedModel) converges the model and
   retries with `kopf.TemporaryError` while it cannot be realized; it returns nothing, so kopf
   writes no handler result into status (status is the reconciler's).
-- Indexes hold every model and every managed child and pod in memory, so child events re-check
-  a model without any API read.
+- Three kopf indexes hold every model, every managed child (one index over all child kinds)
+  and every managed pod's state, so child events re-check a model without any API read. As in
+  kopf's `examples/16-indexing`, each index is named after its function and handlers take the
+  ones they read as named arguments (kopf's handler protocols list only kopf's own arguments,
+  hence the `type: ignore[arg-type]` where such a handler is registered, as in the example).
 - Child and pod events (drift, deletions by hand, rollout progress) re-run the same reconcile.
 """
 
@@ -16,7 +19,8 @@ from typing import Any, cast
 
 import kopf
 
-from disagg_operator.conditions import pod_state
+from disagg_operator.children import key
+from disagg_operator.conditions import PodState, pod_state
 from disagg_operator.kubeapi import KubeApi, new_api_client
 from disagg_operator.metrics import OperatorMetrics
 from disagg_operator.models import GROUP, PLURAL, VERSION
@@ -24,18 +28,15 @@ from disagg_operator.names import COMPONENT_LABEL, LABEL_PREFIX, MANAGED_BY
 from disagg_operator.options import OperatorOptions
 from disagg_operator.peering import PeeringMissing, ensure_peering
 from disagg_operator.reconcile import Live, Outcome, Reconciler
-from disagg_operator.resources import CHILD_RESOURCES, PODS, ApiResource
+from disagg_operator.resources import CHILD_RESOURCES, PODS
 from disagg_operator.settings import configure
 
 INSTANCE_LABEL = f"{LABEL_PREFIX}instance"
 MANAGED = {f"{LABEL_PREFIX}managed-by": MANAGED_BY}
-MODELS_INDEX = "models_index"
-PODS_INDEX = "pods_index"
 OwnerKey = tuple[str, str]
-
-
-def _index_id(resource: ApiResource) -> str:
-    return f"{resource.plural}_index"
+"""A model's (namespace, name): the key of every index."""
+Snapshots = kopf.Index[OwnerKey, dict[str, Any]]
+PodStates = kopf.Index[OwnerKey, PodState]
 
 
 def _snapshot(body: Mapping[str, Any]) -> dict[str, Any]:
@@ -61,33 +62,29 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     memo.reconciler = Reconciler(api, metrics)
 
 
-@kopf.index(GROUP, VERSION, PLURAL, id=MODELS_INDEX)
-def index_model(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
+@kopf.index(GROUP, VERSION, PLURAL)
+def models_index(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
     """Every DisaggregatedModel by (namespace, name)."""
     return {(namespace, name): _snapshot(body)}
 
 
-def index_child(
+def children_index(
     namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
 ) -> dict[Any, Any]:
-    """A managed child by its model's (namespace, name)."""
+    """Every managed child, of every child kind, by its model's (namespace, name)."""
     return {(namespace, labels[INSTANCE_LABEL]): _snapshot(body)}
 
 
-def index_pod(
+def pods_index(
     namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
 ) -> dict[Any, Any]:
     """A managed pod's state by its model's (namespace, name)."""
     return {(namespace, labels[INSTANCE_LABEL]): pod_state(body, labels.get(COMPONENT_LABEL, ""))}
 
 
-def _live(key: OwnerKey, indexes: Mapping[str, Any]) -> Live:
-    children = {
-        (child["kind"], child["metadata"]["name"]): child
-        for resource in CHILD_RESOURCES
-        for child in indexes[_index_id(resource)].get(key, [])
-    }
-    return Live(children=children, pods=sorted(indexes[PODS_INDEX].get(key, []), key=str))
+def _live(owner_key: OwnerKey, children_index: Snapshots, pods_index: PodStates) -> Live:
+    children = {key(child): child for child in children_index.get(owner_key, [])}
+    return Live(children=children, pods=sorted(pods_index.get(owner_key, []), key=str))
 
 
 def _post(owner: Mapping[str, Any], outcome: Outcome) -> None:
@@ -100,20 +97,22 @@ def _post(owner: Mapping[str, Any], outcome: Outcome) -> None:
         )
 
 
-async def _reconcile(owner: Mapping[str, Any], memo: kopf.Memo, indexes: Any) -> Outcome:
-    key = (owner["metadata"]["namespace"], owner["metadata"]["name"])
-    reconciler: Reconciler = memo.reconciler
-    outcome = await reconciler.reconcile(owner, _live(key, indexes))
-    _post(owner, outcome)
-    return outcome
-
-
 @kopf.on.resume(GROUP, VERSION, PLURAL, id="reconcile")
 @kopf.on.create(GROUP, VERSION, PLURAL, id="reconcile")
-@kopf.on.update(GROUP, VERSION, PLURAL, id="reconcile", field="spec")
-async def reconcile(body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
+@kopf.on.update(GROUP, VERSION, PLURAL, id="reconcile", field="spec")  # type: ignore[arg-type]
+async def reconcile(
+    body: kopf.Body,
+    memo: kopf.Memo,
+    children_index: Snapshots,
+    pods_index: PodStates,
+    **_: Any,
+) -> None:
     """Converge a model; retry later while it cannot be realized (it ends Degraded meanwhile)."""
-    outcome = await _reconcile(_snapshot(body), memo, kwargs)
+    owner = _snapshot(body)
+    owner_key = (owner["metadata"]["namespace"], owner["metadata"]["name"])
+    reconciler: Reconciler = memo.reconciler
+    outcome = await reconciler.reconcile(owner, _live(owner_key, children_index, pods_index))
+    _post(owner, outcome)
     if outcome.blocked:
         options: OperatorOptions = memo.options
         reasons = "; ".join(p.message for p in outcome.problems)
@@ -134,20 +133,24 @@ async def child_changed(
     namespace: str | None,
     labels: kopf.Labels,
     memo: kopf.Memo,
-    **kwargs: Any,
+    models_index: Snapshots,
+    children_index: Snapshots,
+    pods_index: PodStates,
+    **_: Any,
 ) -> None:
     """A child or pod changed (or vanished): re-check its model soon (bursts coalesce)."""
-    key = (namespace or "", labels.get(INSTANCE_LABEL, ""))
+    owner_key = (namespace or "", labels.get(INSTANCE_LABEL, ""))
     reconciler: Reconciler = memo.reconciler
-    models = kwargs[MODELS_INDEX]
-    for owner in list(models.get(key, [])):
+    for owner in list(models_index.get(owner_key, [])):
         uid = owner["metadata"]["uid"]
         if type == "DELETED":
-            reconciler.forget_child(uid, (body["kind"], body["metadata"]["name"]))
+            reconciler.forget_child(uid, key(body))
 
         def read(uid: str = uid) -> tuple[Mapping[str, Any], Live] | None:
-            current = [m for m in models.get(key, []) if m["metadata"]["uid"] == uid]
-            return (current[0], _live(key, kwargs)) if current else None
+            current = [m for m in models_index.get(owner_key, []) if m["metadata"]["uid"] == uid]
+            if not current:
+                return None
+            return current[0], _live(owner_key, children_index, pods_index)
 
         outcome = await reconciler.reconcile_soon(uid, read)
         if outcome is not None:
@@ -155,14 +158,13 @@ async def child_changed(
 
 
 def _register() -> None:
+    """Index and watch every child kind and the pods, all under the operator's label."""
     for resource in (*CHILD_RESOURCES, PODS):
-        group_version = resource.api_version
-        index = index_pod if resource is PODS else index_child
-        index_id = PODS_INDEX if resource is PODS else _index_id(resource)
-        kopf.index(group_version, resource.plural, id=index_id, labels=MANAGED)(index)
-        kopf.on.event(
-            group_version, resource.plural, id=f"{resource.plural}_changed", labels=MANAGED
-        )(child_changed)
+        group_version, plural = resource.api_version, resource.plural
+        index = pods_index if resource is PODS else children_index
+        kopf.index(group_version, plural, labels=MANAGED)(index)
+        watch = kopf.on.event(group_version, plural, id=f"{plural}_changed", labels=MANAGED)
+        watch(child_changed)  # type: ignore[arg-type]
 
 
 _register()

@@ -3,21 +3,20 @@
 The pass knows nothing of kopf: the handlers hand it the owner and the live children (from
 kopf's indexes) and post the events it returns. In steady state it issues no write at all:
 children are applied only when their applied hash changed or a field they set drifted, and
-status only when it changed.
+status only when it changed. What the reconciler keeps between passes is all in `Memory`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import datetime
-import functools
 import json
 import logging
 import time
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from disagg_operator.children import Action, Decision, adopt, decide, key
 from disagg_operator.conditions import (
@@ -43,9 +42,7 @@ from disagg_operator.resources import DISAGGREGATED_MODELS, SECRETS, resource_of
 
 Manifest = dict[str, Any]
 ChildKey = tuple[str, str]
-
-RENDER_CACHE_SIZE = 1024
-"""Rendered children kept per (model uid, spec): child events re-check without re-rendering."""
+_T = TypeVar("_T")
 
 COALESCE_DELAY_S = 0.5
 """Child events arriving this close together share one pass (a rollout is a burst of events)."""
@@ -93,24 +90,114 @@ class Outcome:
         return "applied" if self.applied else "noop"
 
 
-@functools.lru_cache(maxsize=RENDER_CACHE_SIZE)
-def _desired(owner_json: str) -> tuple[Manifest, ...]:
-    owner = json.loads(owner_json)
+def desired_children(owner: Mapping[str, Any]) -> list[Manifest]:
+    """The adopted child manifests of `owner` (SpecError when its spec does not load)."""
     meta = owner["metadata"]
     spec = load_spec(owner["spec"])
-    return tuple(adopt(m, owner) for m in render(meta["name"], meta["namespace"], spec))
+    return [adopt(m, owner) for m in render(meta["name"], meta["namespace"], spec)]
 
 
-def desired_children(owner: Mapping[str, Any]) -> list[Manifest]:
-    """The adopted child manifests of `owner` (cached by owner identity and spec)."""
-    meta = owner["metadata"]
-    identity = {
-        "apiVersion": owner["apiVersion"],
-        "kind": owner["kind"],
-        "metadata": {k: meta[k] for k in ("name", "namespace", "uid")},
-        "spec": owner["spec"],
-    }
-    return list(_desired(json.dumps(identity, sort_keys=True)))
+class Memory:
+    """Everything the reconciler keeps between passes, per model uid, and why.
+
+    kopf's indexes are the operator's view of the cluster and the pass is a function of that
+    view. Each piece here makes up for something the view alone does not give, and each is
+    kept because `benchmarks/operator_scale.py` shows what it saves (the runs without it are
+    in benchmarks/README.md):
+
+    - turns: one pass of a model at a time (an asyncio lock per model, gone once no pass
+      holds or awaits it). Child events come from other watch streams than the model's own
+      handler, and two passes at once would apply and patch the same objects twice;
+    - coalescing: a child-event pass starts `COALESCE_DELAY_S` late, and the events arriving
+      while it waits join it (it reads the state after them): a rollout is a burst of pod
+      and workload events, and one pass each is more status writes and more CPU;
+    - own writes: the API server's answer to each apply and status patch, read instead of
+      the watched copy until the watch shows one at least as new (by resourceVersion). The
+      next pass often starts, after waiting for its turn, before the watch has delivered
+      the last writes of the pass before: from the older copies it would apply the same
+      children and write the same status again, with their Events;
+    - rendered children: the adopted manifests by the model's identity and spec, so that
+      the many child-event passes of a model do not render it again (rendering is the
+      costliest step of a pass).
+    """
+
+    def __init__(self) -> None:
+        self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
+        self._waiting: set[str] = set()
+        self._written: dict[str, dict[ChildKey, Mapping[str, Any]]] = {}
+        self._rendered: dict[str, tuple[str, tuple[Manifest, ...]]] = {}
+
+    async def one_at_a_time(self, uid: str, run: Callable[[], Awaitable[_T]]) -> _T:
+        """`run()` in the model's turn."""
+        lock = self._locks.get(uid)
+        if lock is None:
+            lock = self._locks[uid] = asyncio.Lock()
+        async with lock:
+            return await run()
+
+    async def soon(self, uid: str, run: Callable[[], Awaitable[_T]]) -> _T | None:
+        """`run()` after `COALESCE_DELAY_S`, in the model's turn; None when joined to a waiting one.
+
+        While a call waits to start, further calls return None at once: the waiting one runs
+        after them, so it covers them.
+        """
+        if uid in self._waiting:
+            return None
+        self._waiting.add(uid)
+
+        async def started() -> _T:
+            self._waiting.discard(uid)
+            return await run()
+
+        try:
+            await asyncio.sleep(COALESCE_DELAY_S)
+            return await self.one_at_a_time(uid, started)
+        finally:
+            self._waiting.discard(uid)
+
+    def wrote(self, uid: str, answer: Mapping[str, Any]) -> None:
+        """Remember the API server's answer to a write of the model or one of its children."""
+        self._written.setdefault(uid, {})[key(answer)] = answer
+
+    def newest(
+        self, uid: str, watched: Mapping[ChildKey, Mapping[str, Any]]
+    ) -> dict[ChildKey, Mapping[str, Any]]:
+        """The watched objects (by kind and name), with own writes where the watch lags."""
+        current = dict(watched)
+        written = self._written.get(uid, {})
+        for child, answer in list(written.items()):
+            seen = watched.get(child)
+            if seen is not None and _resource_version(seen) >= _resource_version(answer):
+                written.pop(child, None)
+            else:
+                current[child] = answer
+        return current
+
+    def rendered(self, owner: Mapping[str, Any]) -> list[Manifest]:
+        """`desired_children(owner)`, rendered again only when its identity or spec changed."""
+        meta = owner["metadata"]
+        identity = json.dumps(
+            {
+                "apiVersion": owner["apiVersion"],
+                "kind": owner["kind"],
+                "metadata": {k: meta[k] for k in ("name", "namespace", "uid")},
+                "spec": owner["spec"],
+            },
+            sort_keys=True,
+        )
+        cached = self._rendered.get(meta["uid"])
+        if cached is None or cached[0] != identity:
+            cached = self._rendered[meta["uid"]] = (identity, tuple(desired_children(owner)))
+        return list(cached[1])
+
+    def forget_child(self, uid: str, child: ChildKey) -> None:
+        """A child was deleted: the answer to its last apply no longer stands for it."""
+        self._written.get(uid, {}).pop(child, None)
+
+    def forget(self, uid: str) -> None:
+        """Drop what is kept of a deleted model."""
+        self._written.pop(uid, None)
+        self._rendered.pop(uid, None)
 
 
 def _now() -> str:
@@ -138,7 +225,7 @@ _CHANGE_EVENTS = {
 
 
 class Reconciler:
-    """Reconciles models one at a time per model (a lock each), any number in parallel."""
+    """Reconciles models one pass at a time per model, any number of models in parallel."""
 
     def __init__(
         self,
@@ -149,78 +236,33 @@ class Reconciler:
         self._api = api
         self._metrics = metrics or OperatorMetrics()
         self._log = logger or logging.getLogger(__name__)
-        self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
-        self._written: dict[str, tuple[dict[str, Any], str]] = {}
-        self._pending: set[str] = set()
-        self._recent: dict[str, dict[ChildKey, Mapping[str, Any]]] = {}
-        """Children applied by this process that kopf's indexes may not show yet, per model."""
+        self._memory = Memory()
 
     def forget(self, uid: str) -> None:
         """Drop what is remembered about a deleted model."""
-        self._written.pop(uid, None)
-        self._recent.pop(uid, None)
+        self._memory.forget(uid)
         self._metrics.forget_model(uid)
 
     def forget_child(self, uid: str, child: ChildKey) -> None:
         """A child was deleted: stop trusting the copy this process applied."""
-        self._recent.get(uid, {}).pop(child, None)
-
-    def _overlay(
-        self, uid: str, indexed: Mapping[ChildKey, Mapping[str, Any]]
-    ) -> dict[ChildKey, Mapping[str, Any]]:
-        """The indexed children, with our own newer applies where the index lags behind."""
-        current = dict(indexed)
-        recent = self._recent.get(uid, {})
-        for child, applied in list(recent.items()):
-            seen = indexed.get(child)
-            if seen is not None and _resource_version(seen) >= _resource_version(applied):
-                del recent[child]
-            else:
-                current[child] = applied
-        return current
+        self._memory.forget_child(uid, child)
 
     async def reconcile(self, owner: Mapping[str, Any], live: Live) -> Outcome:
-        """Converge one model's children and status; never two passes of one model at once."""
-        uid = owner["metadata"]["uid"]
-        lock = self._locks.get(uid)
-        if lock is None:
-            lock = self._locks[uid] = asyncio.Lock()
-        async with lock:
-            return await asyncio.to_thread(self._pass, owner, live)
+        """Converge one model's children and status now (in the model's turn)."""
+        return await self._memory.one_at_a_time(
+            owner["metadata"]["uid"], lambda: asyncio.to_thread(self._pass, owner, live)
+        )
 
     async def reconcile_soon(
         self, uid: str, read: Callable[[], tuple[Mapping[str, Any], Live] | None]
     ) -> Outcome | None:
-        """Run one pass shortly, on the state `read` returns then; None when coalesced.
+        """Run one pass shortly, on the state `read` returns then; None when coalesced."""
 
-        While a pass of the model is waiting to start, further calls return at once: that pass
-        reads the state after they were made, so it covers them.
-        """
-        if uid in self._pending:
-            return None
-        self._pending.add(uid)
-        try:
-            await asyncio.sleep(COALESCE_DELAY_S)
-            lock = self._locks.get(uid)
-            if lock is None:
-                lock = self._locks[uid] = asyncio.Lock()
-            async with lock:
-                self._pending.discard(uid)
-                state = read()
-                if state is None:
-                    return None
-                return await asyncio.to_thread(self._pass, *state)
-        finally:
-            self._pending.discard(uid)
+        async def run() -> Outcome | None:
+            state = read()
+            return None if state is None else await asyncio.to_thread(self._pass, *state)
 
-    def _previous(self, owner: Mapping[str, Any]) -> dict[str, Any]:
-        """The newest status known: ours if the owner body predates our last write."""
-        meta = owner["metadata"]
-        written = self._written.get(meta["uid"])
-        if written is not None and written[1] == meta.get("resourceVersion"):
-            return written[0]
-        status: dict[str, Any] = owner.get("status") or {}
-        return status
+        return await self._memory.soon(uid, run)
 
     def _pass(self, owner: Mapping[str, Any], live: Live) -> Outcome:
         """One pass, counted and timed in the metrics."""
@@ -237,16 +279,19 @@ class Reconciler:
                 self._metrics.model_ready(owner["metadata"]["uid"], condition.status)
         return outcome
 
-    def _converge(self, owner: Mapping[str, Any], live: Live) -> Outcome:
+    def _converge(self, watched: Mapping[str, Any], live: Live) -> Outcome:
+        uid = watched["metadata"]["uid"]
+        current = self._memory.newest(uid, {key(watched): watched, **live.children})
+        owner = current.pop(key(watched))
         meta = owner["metadata"]
         if meta.get("deletionTimestamp"):
             return Outcome()
-        previous_dict = self._previous(owner)
+        previous_dict: dict[str, Any] = dict(owner.get("status") or {})
         previous = DisaggregatedModelStatus.model_validate(previous_dict, strict=False)
         generation = int(meta.get("generation") or 1)
         try:
             spec = load_spec(owner["spec"])
-            desired = desired_children(owner)
+            desired = self._memory.rendered(owner)
         except SpecError as exc:
             problem = Problem("InvalidSpec", f"{exc}: fix the spec (the CRD is out of date?)")
             outcome = Outcome(problems=[problem])
@@ -254,10 +299,8 @@ class Reconciler:
             self._write_status(owner, previous_dict, outcome)
             return outcome
         outcome = Outcome(problems=self._prerequisites(spec, meta["namespace"]))
-        current = self._overlay(meta["uid"], live.children)
         if not outcome.problems:
-            applied = self._apply_all(desired, current, meta["uid"], outcome)
-            self._recent.setdefault(meta["uid"], {}).update(applied)
+            self._apply_all(desired, current, uid, outcome)
         name = meta["name"]
         workloads = {role: current.get(("StatefulSet", child_name(name, role))) for role in ROLES}
         workloads[Component.ROUTER] = current.get(
@@ -305,10 +348,9 @@ class Reconciler:
         current: dict[ChildKey, Mapping[str, Any]],
         uid: str,
         outcome: Outcome,
-    ) -> dict[ChildKey, Mapping[str, Any]]:
-        """Apply every child that needs it; return the API server's answers by child."""
+    ) -> None:
+        """Apply every child that needs it; `current` and the memory get the server's answers."""
         changes: dict[Action, list[str]] = {}
-        applied: dict[ChildKey, Mapping[str, Any]] = {}
         for manifest in desired:
             decision = decide(manifest, current.get(key(manifest)), uid)
             if decision.action is Action.NONE:
@@ -318,14 +360,15 @@ class Reconciler:
                 continue
             label = f"{manifest['kind']} {manifest['metadata']['name']}"
             try:
-                applied[key(manifest)] = self._api.apply(resource_of(manifest), manifest)
-                current[key(manifest)] = applied[key(manifest)]
+                answer = self._api.apply(resource_of(manifest), manifest)
             except ApiException as exc:
                 if exc.status not in REFUSED_STATUSES:
                     raise
                 message = f"applying {label} failed: {_api_reason(exc)}"
                 outcome.problems.append(Problem("ApplyFailed", message))
                 continue
+            current[key(manifest)] = answer
+            self._memory.wrote(uid, answer)
             outcome.applied += 1
             self._metrics.child_applied(manifest["kind"], decision.action)
             self._log.info("applied %s (%s)", label, decision.action)
@@ -333,7 +376,6 @@ class Reconciler:
         for action, labels in changes.items():
             reason, verb = _CHANGE_EVENTS[action]
             outcome.events.append(Event("Normal", reason, f"{verb} {', '.join(labels)}"))
-        return applied
 
     def _write_status(
         self, owner: Mapping[str, Any], previous: dict[str, Any], outcome: Outcome
@@ -348,12 +390,14 @@ class Reconciler:
         meta = owner["metadata"]
         self._log.debug("status of %s/%s: %s -> %s", meta["namespace"], meta["name"], previous, new)
         try:
-            self._api.patch_status(DISAGGREGATED_MODELS, meta["namespace"], meta["name"], patch)
+            answer = self._api.patch_status(
+                DISAGGREGATED_MODELS, meta["namespace"], meta["name"], patch
+            )
         except ApiException as exc:
             if exc.status == 404:
                 return
             raise
-        self._written[meta["uid"]] = (new, meta.get("resourceVersion", ""))
+        self._memory.wrote(meta["uid"], answer)
 
 
 def secret_problem(
