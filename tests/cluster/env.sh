@@ -5,9 +5,10 @@ CLUSTER_SRC="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 CLUSTER_GO="$CLUSTER_SRC/go"
 DISAGG_CACHE="${DISAGG_CACHE:-$HOME/.cache/disagg}"
 
+# gomod_version MODULE [GO_MOD]: the version GO_MOD (default: the control plane's) requires.
 gomod_version() {
     awk -v m="$1" '{ sub(/^require[ \t]+/, "") } $1 == m && $2 ~ /^v/ { print $2; exit }' \
-        "$CLUSTER_GO/go.mod"
+        "${2:-$CLUSTER_GO/go.mod}"
 }
 
 KUBE_VERSION="$(gomod_version k8s.io/kubernetes)"
@@ -21,9 +22,46 @@ CLUSTER_STATE="$DISAGG_CACHE/cluster${DISAGG_CLUSTER_NAME:+-$DISAGG_CLUSTER_NAME
 CLUSTER_KUBECONFIG="$CLUSTER_STATE/kubeconfig"
 BINARIES=(kube-apiserver kube-controller-manager kube-scheduler kubectl etcd kwok kwokctl helm)
 
+# The real node (node/): kubelet and kube-proxy from the control plane's Kubernetes release,
+# containerd and the CNI plugins from their own pinned modules, runc from Debian.
+# DISAGG_REAL_NODE=1 makes cluster-up start it beside the fake nodes.
+NODE_SRC="$CLUSTER_SRC/node"
+NODE_GO="$NODE_SRC/go"
+NODE_KUBE_VERSION="$(gomod_version k8s.io/kubernetes "$NODE_GO/kubelet/go.mod")"
+CONTAINERD_VERSION="$(gomod_version github.com/containerd/containerd/v2 "$NODE_GO/containerd/go.mod")"
+CNI_PLUGINS_VERSION="$(gomod_version github.com/containernetworking/plugins "$NODE_GO/cni/go.mod")"
+NODE_BIN="$DISAGG_CACHE/node-$KUBE_VERSION/bin"
+NODE_BINARIES=(kubelet kube-proxy containerd containerd-shim-runc-v2 ctr bridge host-local loopback
+    portmap)
+# One real node per machine (its network namespace has a fixed name): its state (the runtime's
+# images, the kubelet's root, certificates, logs) lives beside the clusters, its runtime state
+# in /run; $NODE_STATE/cluster names the cluster it belongs to.
+NODE_STATE="$DISAGG_CACHE/node"
+NODE_RUN=/run/disagg-node
+NODE_NAME=real-cpu-0
+# The node runs in its own network namespace, linked to the host by one veth pair; pods sit on
+# a bridge inside it. Nothing routes from there to an outside interface (the host does not
+# forward, the namespace has no default route): pod and Service traffic stays on this machine.
+NODE_NETNS=disagg-node
+NODE_HOST_LINK=disagg-n0
+NODE_HOST_IP=10.89.0.1
+NODE_IP=10.89.0.2
+NODE_LINK_PREFIX=30
+POD_CIDR=10.88.0.0/24
+POD_GATEWAY=10.88.0.1
+# The API server's Service range (its --service-cluster-ip-range) and the `kubernetes` Service.
+SERVICE_CIDR=10.0.0.0/24
+KUBERNETES_SERVICE_IP=10.0.0.1
+# Pods tolerate this taint to run on the real node; nothing else lands there.
+NODE_TAINT=disagg.dev/real-node=true:NoSchedule
+# The images' buildah storage and base rootfs (node/images.sh), shared by every cluster.
+IMAGE_STATE="$DISAGG_CACHE/images"
+REAL_NODE="${DISAGG_REAL_NODE:-0}"
+
 if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then
     for var in KUBE_VERSION ETCD_VERSION KWOK_VERSION HELM_VERSION CLUSTER_BIN CLUSTER_NAME \
-        CLUSTER_STATE CLUSTER_KUBECONFIG; do
+        CLUSTER_STATE CLUSTER_KUBECONFIG CONTAINERD_VERSION CNI_PLUGINS_VERSION NODE_BIN \
+        NODE_STATE NODE_NAME NODE_IP POD_CIDR SERVICE_CIDR NODE_TAINT IMAGE_STATE REAL_NODE; do
         echo "$var=${!var}"
     done
 fi
