@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Start the local control plane (kwokctl, binary runtime, binaries from build.sh) or reuse it
-# when it already runs; register the fake nodes; print the kubeconfig path on the last line.
+# when it already runs; register the fake nodes, and with DISAGG_REAL_NODE=1 start the real
+# node beside them (node/node-up.sh); print the kubeconfig path on the last line.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 
@@ -20,8 +21,14 @@ api_ready() {
 }
 
 # The components kwokctl starts outlive this script: they must not inherit the lock (fd 8).
+# With the real node, kwokctl also reads node/kwokctl-config.sh's settings.
 create() {
-    "${kwokctl[@]}" create cluster --runtime binary 8>&- \
+    local config=()
+    if [[ "$REAL_NODE" == 1 ]]; then
+        "$NODE_SRC/kwokctl-config.sh" >"$CLUSTER_STATE/kwokctl-real-node.yaml"
+        config=(--config "$CLUSTER_STATE/kwokctl-real-node.yaml")
+    fi
+    "${kwokctl[@]}" "${config[@]}" create cluster --runtime binary 8>&- \
         --kube-apiserver-binary "$CLUSTER_BIN/kube-apiserver" \
         --kube-controller-manager-binary "$CLUSTER_BIN/kube-controller-manager" \
         --kube-scheduler-binary "$CLUSTER_BIN/kube-scheduler" \
@@ -70,6 +77,9 @@ else
 fi
 
 "$CLUSTER_SRC/nodes.sh" | "${kubectl[@]}" apply -f - >/dev/null
+if [[ "$REAL_NODE" == 1 ]]; then
+    "$NODE_SRC/node-up.sh" >&2
+fi
 
 deadline=$((start + 120))
 until cluster_ready "$since"; do

