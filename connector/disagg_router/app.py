@@ -3,16 +3,19 @@
 The lifespan opens the one engine client session and starts discovery and health checks, and
 closes them at shutdown. The two generation endpoints are raw ASGI: they skip FastAPI's
 routing and middleware stack and Starlette's streaming response, a fast path whose saving
-benchmarks/README.md (router section) records; every other route stays with FastAPI.
+benchmarks/README.md (router section) records; every other route stays with FastAPI. Every
+request passes the client guard first; a generation request then needs one of the request
+slots, which the probes and the other routes never wait for.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 from fastapi import FastAPI
-from starlette.datastructures import State
+from starlette.datastructures import Headers, State
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
@@ -20,27 +23,31 @@ from starlette.types import Receive, Scope, Send
 
 from disagg_contract import Role
 from disagg_router import routes
-from disagg_router.auth import ApiKeyGuard, unauthorized
+from disagg_router.auth import Guard, KeyGuard, OpenGuard, unauthorized
 from disagg_router.config import RouterConfig
 from disagg_router.discovery import build_discovery
-from disagg_router.errors import RouterError, error_response, request_id_of
+from disagg_router.errors import RouterError, error_response, overloaded, request_id_of
 from disagg_router.health import HealthChecker
+from disagg_router.limits import RequestSlots
 from disagg_router.metrics import RouterMetrics
 from disagg_router.openai_request import Endpoint
 from disagg_router.proxy import ProxyService
 from disagg_router.replicas import ReplicaPool
 from disagg_router.stores import build_store
+from disagg_router.tenants import TenantKeys
 from disagg_router.upstream import EngineClient
 
 _ENDPOINTS = {endpoint.value: endpoint for endpoint in Endpoint}
 
 
 class RouterApp:
-    """The router's ASGI app; with a ``guard``, HTTP requests need the API key first."""
+    """The router's ASGI app: ``guard`` admits each HTTP request in its conversation scope,
+    ``slots`` bound the generation requests in flight."""
 
-    def __init__(self, api: FastAPI, guard: ApiKeyGuard | None = None) -> None:
+    def __init__(self, api: FastAPI, guard: Guard, slots: RequestSlots) -> None:
         self._api = api
         self._guard = guard
+        self.slots = slots
 
     @property
     def state(self) -> State:
@@ -53,7 +60,8 @@ class RouterApp:
             await self._api(scope, receive, send)
             return
         endpoint = _ENDPOINTS.get(scope["path"])
-        if self._guard is not None and not self._guard.allows(scope):
+        conversation_scope = self._guard.scope_of(scope)
+        if conversation_scope is None:
             label = endpoint.value if endpoint is not None else "other"
             self.state.metrics.requests.labels(label, "unauthorized").inc()
             await unauthorized(scope)(scope, receive, send)
@@ -61,19 +69,29 @@ class RouterApp:
         if endpoint is None:
             await self._api(scope, receive, send)
             return
-        if scope["method"] == "POST":
-            await self.state.proxy.serve_turn(endpoint, scope, receive, send)
+        if scope["method"] != "POST":
+            response = not_routed(405, "Method Not Allowed", Request(scope, receive))
+            await response(scope, receive, send)
             return
-        response = not_routed(405, "Method Not Allowed", Request(scope, receive))
-        await response(scope, receive, send)
+        if not self.slots.take():
+            self.state.metrics.requests.labels(endpoint.value, "overloaded").inc()
+            error = overloaded(self.slots.limit)
+            response = error_response(error, request_id_of(Headers(scope=scope)))
+            await response(scope, receive, send)
+            return
+        try:
+            await self.state.proxy.serve_turn(endpoint, conversation_scope, scope, receive, send)
+        finally:
+            self.slots.give_back()
 
 
 def create_app(config: RouterConfig) -> RouterApp:
     """Build the router app for a validated ``config``."""
+    slots = RequestSlots(config.max_concurrent_requests)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        engines = EngineClient(config.connect_timeout_s, config.api_key)
+        engines = EngineClient(config.connect_timeout_s, config.engine_credential)
         pools = tuple(
             ReplicaPool(role, config.health_interval_s, config.health_max_backoff_s)
             for role in (Role.PREFILL, Role.DECODE)
@@ -82,6 +100,7 @@ def create_app(config: RouterConfig) -> RouterApp:
         store = build_store(config)
         discovery = build_discovery(config, prefill, decode)
         metrics = RouterMetrics()
+        metrics.in_flight.set_function(lambda: slots.in_flight)
         health = HealthChecker(engines, pools, config.health_interval_s, config.health_timeout_s)
         await discovery.start()
         await health.check_due()
@@ -103,8 +122,11 @@ def create_app(config: RouterConfig) -> RouterApp:
     )
     api.include_router(routes.router)
     api.add_exception_handler(HTTPException, _http_error)
-    guard = ApiKeyGuard(config.api_key) if config.api_key is not None else None
-    return RouterApp(api, guard)
+    guard: Guard = OpenGuard()
+    if config.authenticates:
+        folder = Path(config.client_keys_dir) if config.client_keys_dir else None
+        guard = KeyGuard(TenantKeys(folder, config.api_key, config.client_keys_refresh_s))
+    return RouterApp(api, guard, slots)
 
 
 def not_routed(status: int, detail: str, request: Request) -> Response:

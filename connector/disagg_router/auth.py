@@ -1,40 +1,73 @@
-"""Client authentication: one API key, compared in constant time, on every path but the open ones.
+"""Client authentication: which conversation scope a request belongs to, if it may proceed.
 
-The check reads the raw ASGI headers (no ``Headers`` object, no decoding), the cheapest way
-to look at every request; benchmarks/README.md (router section) has its cost.
+With client keys (``--api-key``, ``--client-keys-dir``) a request needs one on every path but
+the open ones, and its scope is the key's tenant; without any, every request proceeds and the
+bearer token it sends, if any, is its scope (a label the client chose, not a credential). The
+check reads the raw ASGI headers (no ``Headers`` object, no decoding), the cheapest way to look
+at every request; benchmarks/README.md (router section) has its cost.
 """
 
 from __future__ import annotations
 
-import hmac
+from typing import Protocol
 
 from starlette.datastructures import Headers
 from starlette.responses import Response
 from starlette.types import Scope
 
 from disagg_router.errors import RouterError, error_response, request_id_of
+from disagg_router.tenants import TenantKeys
 
 OPEN_PATHS = frozenset({"/health", "/metrics"})
 """Probes and Prometheus scrape these without a key (vLLM leaves its /health open too)."""
 
 
-class ApiKeyGuard:
-    """Admits requests that carry ``Authorization: Bearer <key>`` or ask for an open path."""
+class Guard(Protocol):
+    """Decides whether a request may proceed, and in which conversation scope."""
 
-    __slots__ = ("_key",)
+    def scope_of(self, scope: Scope) -> str | None:
+        """The conversation scope of the HTTP request in ``scope``; None: refused (401)."""
+        ...
 
-    def __init__(self, api_key: str) -> None:
-        self._key = api_key.encode()
 
-    def allows(self, scope: Scope) -> bool:
-        """Whether the HTTP request in ``scope`` may proceed."""
+def bearer_token(scope: Scope) -> bytes | None:
+    """The token of the request's ``Authorization: Bearer <token>`` header, if any."""
+    for name, value in scope["headers"]:
+        if name == b"authorization":
+            scheme, _, token = value.partition(b" ")
+            if scheme.lower() != b"bearer":
+                return None
+            return token.strip() or None
+    return None
+
+
+class KeyGuard:
+    """Admits requests that carry a client key, or ask for an open path; a key's scope is its
+    tenant, so tenants never share a conversation."""
+
+    __slots__ = ("_keys",)
+
+    def __init__(self, keys: TenantKeys) -> None:
+        self._keys = keys
+
+    def scope_of(self, scope: Scope) -> str | None:
+        """``tenant:<name>`` for a client key, ``""`` for an open path, else None."""
         if scope["path"] in OPEN_PATHS:
-            return True
-        for name, value in scope["headers"]:
-            if name == b"authorization":
-                scheme, _, token = value.partition(b" ")
-                return scheme.lower() == b"bearer" and hmac.compare_digest(token, self._key)
-        return False
+            return ""
+        token = bearer_token(scope)
+        tenant = self._keys.tenant_of(token) if token is not None else None
+        return None if tenant is None else f"tenant:{tenant}"
+
+
+class OpenGuard:
+    """Admits every request (no client keys configured)."""
+
+    __slots__ = ()
+
+    def scope_of(self, scope: Scope) -> str:
+        """``token:<token>`` for a request with a bearer token, else ``""``."""
+        token = bearer_token(scope)
+        return "" if token is None else "token:" + token.decode("latin-1")
 
 
 def unauthorized(scope: Scope) -> Response:
@@ -43,7 +76,6 @@ def unauthorized(scope: Scope) -> Response:
         401,
         "Missing or incorrect API key: send it as 'Authorization: Bearer <key>'.",
         code="invalid_api_key",
+        headers={"WWW-Authenticate": "Bearer"},
     )
-    response = error_response(error, request_id_of(Headers(scope=scope)))
-    response.headers["WWW-Authenticate"] = "Bearer"
-    return response
+    return error_response(error, request_id_of(Headers(scope=scope)))

@@ -5,9 +5,17 @@ from __future__ import annotations
 import enum
 import importlib.util
 from dataclasses import dataclass, field
+from pathlib import Path
 from urllib.parse import urlsplit
 
-from disagg_contract import EXPIRY_MARGIN_S, ROUTER_API_KEY_ENV, ROUTER_PORT
+from disagg_contract import (
+    CLIENT_KEYS_DIR_ENV,
+    ENGINE_KEY_FILE_ENV,
+    EXPIRY_MARGIN_S,
+    ROUTER_API_KEY_ENV,
+    ROUTER_PORT,
+)
+from disagg_router.tenants import key_problem, load_tenants, read_key_file
 
 
 class ConfigError(ValueError):
@@ -45,11 +53,13 @@ class RouterConfig:
     store: StoreKind = StoreKind.MEMORY
     redis_url: str = "redis://127.0.0.1:6379/0"
     redis_prefix: str = "disagg:conv:"
+    redis_timeout_s: float = 1.0
     conversation_ttl_s: float = 450.0
     decode_kv_ttl_s: float = 480.0
     max_conversations: int = 10_000
-    scope_by_api_key: bool = True
     max_body_bytes: int = 16 * 1024 * 1024
+    body_timeout_s: float = 30.0
+    max_concurrent_requests: int = 1024
     connect_timeout_s: float = 2.0
     prefill_timeout_s: float = 600.0
     decode_timeout_s: float = 3600.0
@@ -60,6 +70,20 @@ class RouterConfig:
     kv_bytes_per_token: int = 0
     log_format: str = "text"
     api_key: str | None = field(default=None, repr=False)
+    client_keys_dir: str = ""
+    client_keys_refresh_s: float = 5.0
+    engine_key: str | None = field(default=None, repr=False)
+
+    @property
+    def engine_credential(self) -> str | None:
+        """What the router sends the engines as ``Authorization: Bearer``: the engine key, or
+        (without one, as before engine keys existed) the single API key, or nothing."""
+        return self.engine_key if self.engine_key is not None else self.api_key
+
+    @property
+    def authenticates(self) -> bool:
+        """Whether clients need a key (the API key, or the client-keys folder, even empty)."""
+        return self.api_key is not None or bool(self.client_keys_dir)
 
     def validate(self) -> RouterConfig:
         """Check cross-field rules and return self; raise ``ConfigError`` naming the field."""
@@ -91,7 +115,9 @@ class RouterConfig:
                 f"below --decode-kv-ttl minus {EXPIRY_MARGIN_S:g}s ({limit:g}s), or "
                 "prefill would try to read decode blocks that are already released"
             )
-        for name in ("max_conversations", "max_body_bytes", "port"):
+        if not self.redis_prefix:
+            raise ConfigError("--redis-prefix: must not be empty (one prefix per model)")
+        for name in ("max_conversations", "max_body_bytes", "max_concurrent_requests", "port"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"--{name.replace('_', '-')}: must be a positive integer")
         for name in (
@@ -101,6 +127,9 @@ class RouterConfig:
             "health_interval_s",
             "health_timeout_s",
             "health_max_backoff_s",
+            "redis_timeout_s",
+            "body_timeout_s",
+            "client_keys_refresh_s",
         ):
             if getattr(self, name) <= 0:
                 flag = name.removesuffix("_s").replace("_", "-")
@@ -110,18 +139,43 @@ class RouterConfig:
         if self.log_format not in ("text", "json"):
             raise ConfigError("--log-format: choose text or json")
         if self.api_key is not None:
-            check_api_key(self.api_key)
+            check_key(f"--api-key/{ROUTER_API_KEY_ENV}", self.api_key)
+        if self.engine_key is not None:
+            check_key(f"--engine-key-file/{ENGINE_KEY_FILE_ENV}", self.engine_key)
+        if self.client_keys_dir:
+            check_client_keys(Path(self.client_keys_dir), self.api_key)
         return self
 
 
-def check_api_key(key: str) -> None:
-    """Raise ``ConfigError`` unless ``key`` can travel in an ``Authorization`` header as is."""
-    if not key or not key.isascii() or not key.isprintable() or " " in key:
+def check_key(source: str, key: str) -> None:
+    """Raise ``ConfigError`` naming ``source`` unless ``key`` can travel in an
+    ``Authorization`` header as is."""
+    problem = key_problem(key)
+    if problem is not None:
         raise ConfigError(
-            f"--api-key/{ROUTER_API_KEY_ENV}: the API key must be non-empty printable ASCII "
-            "without spaces or newlines (a Secret made from a file often ends with a newline: "
+            f"{source}: {problem} (a Secret made from a file often ends with a newline: "
             "kubectl create secret generic NAME --from-literal=token=KEY)"
         )
+
+
+def check_client_keys(folder: Path, api_key: str | None) -> None:
+    """Raise ``ConfigError`` unless every file of ``folder`` holds a key of its own; at
+    start-up a bad file is refused by name (later reads leave it out and log it)."""
+    source = f"--client-keys-dir/{CLIENT_KEYS_DIR_ENV}"
+    try:
+        problems = load_tenants(folder, api_key)[1]
+    except OSError as exc:
+        raise ConfigError(f"{source}: cannot list {folder}: {exc}") from None
+    if problems:
+        raise ConfigError(f"{source}: {'; '.join(problems)}")
+
+
+def engine_key_from_file(path: str) -> str:
+    """The engine credential held in ``path``; raise ``ConfigError`` when it cannot be read."""
+    try:
+        return read_key_file(Path(path))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"--engine-key-file/{ENGINE_KEY_FILE_ENV}: {exc}") from None
 
 
 def require(package: str, option: str) -> None:

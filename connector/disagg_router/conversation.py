@@ -71,18 +71,8 @@ class TurnStart:
     previous_decode: str | None
 
 
-def conversation_key(conversation_id: str, api_key: str | None, scope_by_api_key: bool) -> str:
-    """Derive the store key; with scoping, tenants with different API keys never collide."""
-    tenant = api_key if scope_by_api_key and api_key else ""
-    digest = hashlib.sha256(f"{tenant}\0{conversation_id}".encode()).hexdigest()
+def conversation_key(conversation_id: str, scope: str) -> str:
+    """The store key of a conversation in a scope (``auth``: a tenant, or an open router's
+    bearer token): one id in two scopes is two conversations."""
+    digest = hashlib.sha256(f"{scope}\0{conversation_id}".encode()).hexdigest()
     return digest[:40]
-
-
-def bearer_token(authorization: str | None) -> str | None:
-    """The token of an ``Authorization: Bearer <token>`` header, if any."""
-    if not authorization:
-        return None
-    scheme, _, token = authorization.partition(" ")
-    if scheme.lower() != "bearer":
-        return None
-    return token.strip() or None

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Mapping
 from typing import Any
 
 from starlette.datastructures import Headers
 from starlette.responses import Response
 
-from disagg_contract import ENGINE_API_KEY_ENV, ROUTER_API_KEY_ENV
+from disagg_contract import ENGINE_API_KEY_ENV, ENGINE_KEY_FILE_ENV, ROUTER_API_KEY_ENV
 from disagg_router.payloads import json_object
 
 REQUEST_ID_HEADER = "X-Request-Id"
@@ -17,7 +18,8 @@ _MAX_REQUEST_ID_CHARS = 128
 
 
 class RouterError(Exception):
-    """An error answered to the client with ``status`` and an OpenAI error body."""
+    """An error answered to the client with ``status``, an OpenAI error body and ``headers``
+    (``Retry-After``, ``WWW-Authenticate``, ``Connection: close``) besides the request id."""
 
     def __init__(
         self,
@@ -27,6 +29,7 @@ class RouterError(Exception):
         error_type: str = "invalid_request_error",
         param: str | None = None,
         code: str | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -34,6 +37,7 @@ class RouterError(Exception):
         self.error_type = error_type
         self.param = param
         self.code = code
+        self.headers = dict(headers or {})
 
     def body(self) -> dict[str, Any]:
         """The ``{"error": {...}}`` body the OpenAI API returns."""
@@ -61,13 +65,14 @@ class EngineRejected(RouterError):
 
 def engine_refusal(status: int, content: bytes, role: str) -> RouterError:
     """An engine's 4xx, relayed to the client; a 401 is not the client's fault (the router
-    passed its key check) but the engine refusing the router's own key: a 502 saying so."""
+    passed its key check) but the engine refusing the router's credential: a 502 saying so."""
     if status == 401:
         return upstream_error(
             502,
-            f"{role} refused the router's API key (HTTP 401): the router and the engines need "
-            "the same key (spec.auth.apiKeySecret; disagg router --api-key or "
-            f"{ROUTER_API_KEY_ENV}, vLLM --api-key or {ENGINE_API_KEY_ENV}).",
+            f"{role} refused the router's engine credential (HTTP 401): the engines' "
+            f"{ENGINE_API_KEY_ENV} must be the key of disagg router --engine-key-file "
+            f"({ENGINE_KEY_FILE_ENV}), or without one its --api-key ({ROUTER_API_KEY_ENV}); "
+            "the operator generates and mounts both from spec.auth.",
             "engine_unauthorized",
         )
     return EngineRejected(status, content)
@@ -90,6 +95,18 @@ def bad_request(message: str, param: str | None = None) -> RouterError:
     return RouterError(400, message, param=param, code="invalid_value")
 
 
+def overloaded(limit: int) -> RouterError:
+    """The 503 for a request beyond ``--max-concurrent-requests``: retry in a second."""
+    return RouterError(
+        503,
+        f"The router is serving its limit of {limit} requests at once "
+        "(--max-concurrent-requests); retry shortly.",
+        error_type="service_unavailable",
+        code="router_overloaded",
+        headers={"Retry-After": "1"},
+    )
+
+
 def upstream_error(status: int, message: str, code: str) -> RouterError:
     """A 5xx caused by an engine or by the lack of a healthy one."""
     error_type = "service_unavailable" if status == 503 else "upstream_error"
@@ -109,7 +126,7 @@ def error_response(error: RouterError, request_id: str) -> Response:
         error.render(),
         status_code=error.status,
         media_type="application/json",
-        headers={REQUEST_ID_HEADER: request_id},
+        headers={**error.headers, REQUEST_ID_HEADER: request_id},
     )
 
 

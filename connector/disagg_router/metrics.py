@@ -19,8 +19,9 @@ class RouterMetrics:
         reg = self.registry
         self.requests = Counter(
             "disagg_router_requests",
-            "Client requests by endpoint and outcome (refused for want of the API key: outcome "
-            "unauthorized, endpoint other for paths that are not generation endpoints).",
+            "Client requests by endpoint and outcome (refused for want of a client key: outcome "
+            "unauthorized, endpoint other for paths that are not generation endpoints; beyond "
+            "--max-concurrent-requests: outcome overloaded).",
             ["endpoint", "outcome"],
             registry=reg,
         )
@@ -85,6 +86,11 @@ class RouterMetrics:
             "disagg_router_store_errors",
             "Conversation store operations that failed (the turn ran without reuse).",
             ["operation"],
+            registry=reg,
+        )
+        self.in_flight = Gauge(
+            "disagg_router_requests_in_flight",
+            "Generation requests holding one of the --max-concurrent-requests slots.",
             registry=reg,
         )
         self.outstanding = Gauge(

@@ -6,6 +6,7 @@ and their own 4xx answers are relayed to the client.
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import json
 from collections.abc import Collection
@@ -26,6 +27,13 @@ class Endpoint(enum.StrEnum):
     COMPLETIONS = "/v1/completions"
 
 
+ENGINE_ONLY_PARAMS = (KV_TRANSFER_PARAMS, "ec_transfer_params")
+"""Params only the router and the engines exchange (KV and encoder-cache transfer): taken out
+of a client's body and of ``vllm_xargs``, which vLLM copies into the same request arguments."""
+XARGS = "vllm_xargs"
+_CLOSE = {"Connection": "close"}
+
+
 @dataclass(frozen=True)
 class ClientRequest:
     """A checked request; ``body`` is what the engines receive (router fields removed)."""
@@ -36,18 +44,29 @@ class ClientRequest:
     stream: bool
 
 
-async def read_body(request: Request, max_bytes: int) -> bytes:
-    """Read the body, refusing more than ``max_bytes`` with a 413."""
+async def read_body(request: Request, max_bytes: int, timeout_s: float) -> bytes:
+    """Read the body, refusing more than ``max_bytes`` with a 413 and a body still arriving
+    after ``timeout_s`` with a 408 (a slow sender would hold its request slot and buffers);
+    both close the connection, as the rest of that body is never read."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > max_bytes:
         raise _too_large(max_bytes)
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > max_bytes:
-            raise _too_large(max_bytes)
-        chunks.append(chunk)
+    try:
+        async with asyncio.timeout(timeout_s):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > max_bytes:
+                    raise _too_large(max_bytes)
+                chunks.append(chunk)
+    except TimeoutError:
+        raise RouterError(
+            408,
+            f"The request body did not arrive within {timeout_s:g} s (--body-timeout).",
+            code="request_timeout",
+            headers=_CLOSE,
+        ) from None
     return b"".join(chunks)
 
 
@@ -57,6 +76,7 @@ def _too_large(max_bytes: int) -> RouterError:
         f"Request body exceeds the router's limit of {max_bytes} bytes "
         "(raise --max-body-bytes if such prompts are expected).",
         code="request_too_large",
+        headers=_CLOSE,
     )
 
 
@@ -73,7 +93,10 @@ def parse_request(
         raise bad_request(f"Request body is not valid JSON: {exc}") from None
     if not isinstance(body, dict):
         raise bad_request("Request body must be a JSON object.")
-    body.pop(KV_TRANSFER_PARAMS, None)
+    for carrier in (body, body.get(XARGS)):
+        if isinstance(carrier, dict):
+            for name in ENGINE_ONLY_PARAMS:
+                carrier.pop(name, None)
     conversation_id = _conversation_id(body.pop("conversation_id", None), session_header)
     _check_model(body.get("model"), known_models)
     if endpoint is Endpoint.CHAT:
@@ -107,10 +130,16 @@ def _conversation_id(value: object, header: str | None) -> str | None:
         value, field = header, SESSION_HEADER
     else:
         field = "conversation_id"
-    if not isinstance(value, str) or not value or len(value) > MAX_CONVERSATION_ID_CHARS:
+    if (
+        not isinstance(value, str)
+        or not value
+        or len(value) > MAX_CONVERSATION_ID_CHARS
+        or not value.isprintable()
+    ):
         raise bad_request(
             f"`{field}` must be a non-empty string of at most {MAX_CONVERSATION_ID_CHARS} "
-            "characters.",
+            "printable characters (letters, digits, punctuation, symbols, the space; no control "
+            "characters, other whitespace or lone surrogates).",
             field,
         )
     return value

@@ -4,9 +4,24 @@ from __future__ import annotations
 
 import argparse
 import os
+from typing import overload
 
-from disagg_contract import ENGINE_API_KEY_ENV, ROUTER_API_KEY_ENV
-from disagg_router.config import DiscoveryKind, RouterConfig, StoreKind, check_url
+from disagg_contract import (
+    CLIENT_KEYS_DIR,
+    CLIENT_KEYS_DIR_ENV,
+    ENGINE_API_KEY_ENV,
+    ENGINE_KEY_FILE_ENV,
+    REDIS_PREFIX_ENV,
+    ROUTER_API_KEY_ENV,
+)
+from disagg_router.config import (
+    DiscoveryKind,
+    RouterConfig,
+    StoreKind,
+    check_url,
+    engine_key_from_file,
+)
+from disagg_router.tenants import API_KEY_TENANT
 
 _DEFAULTS = RouterConfig()
 
@@ -43,7 +58,19 @@ def add_router_arguments(parser: argparse.ArgumentParser) -> None:
     conv = parser.add_argument_group("conversations")
     conv.add_argument("--store", choices=[k.value for k in StoreKind], default=d.store.value)
     conv.add_argument("--redis-url", default=d.redis_url, help="Redis/Valkey URL for --store redis")
-    conv.add_argument("--redis-prefix", default=d.redis_prefix, help="key prefix in Redis")
+    conv.add_argument(
+        "--redis-prefix",
+        default=None,
+        help=f"key prefix in Redis, one per model sharing a Redis (default: ${REDIS_PREFIX_ENV}, "
+        f"else {d.redis_prefix})",
+    )
+    conv.add_argument(
+        "--redis-timeout",
+        type=float,
+        default=d.redis_timeout_s,
+        help="seconds a Redis call (connect, command, reply) may take; past it the turn runs "
+        "without reuse, counted in disagg_router_store_errors_total (default %(default)s)",
+    )
     conv.add_argument(
         "--conversation-ttl",
         type=float,
@@ -64,25 +91,64 @@ def add_router_arguments(parser: argparse.ArgumentParser) -> None:
         help="in-memory store bound, least recently used evicted (default %(default)s); an "
         "entry holds decode's block ids as JSON text, about 6 bytes per KV block of its context",
     )
-    conv.add_argument(
-        "--no-scope-by-api-key",
-        dest="scope_by_api_key",
-        action="store_false",
-        help="share conversation ids across API keys (default: scoped per key)",
-    )
 
-    auth = parser.add_argument_group("authentication")
+    auth = parser.add_argument_group(
+        "authentication",
+        "Clients send a key as 'Authorization: Bearer KEY' (401 otherwise; /health and /metrics "
+        "stay open). Each key names a tenant, and each tenant is its own conversation scope: "
+        "one conversation id under two tenants is two conversations. Without any key nothing "
+        "is checked, and the bearer token a client sends, if any, still scopes its "
+        "conversations.",
+    )
     auth.add_argument(
         "--api-key",
         default=None,
-        help=f"API key: clients must send it as 'Authorization: Bearer KEY' (401 otherwise; "
-        "/health and /metrics stay open) and the router sends it to every engine "
-        f"(vLLM's --api-key or {ENGINE_API_KEY_ENV}). Default: ${ROUTER_API_KEY_ENV}; prefer the "
-        "variable, a flag shows in the process list. Without either, nothing is checked",
+        help=f"one client key, of the tenant {API_KEY_TENANT!r}; sent to the engines too when "
+        f"no --engine-key-file is given (vLLM's --api-key or {ENGINE_API_KEY_ENV}). Default: "
+        f"${ROUTER_API_KEY_ENV}; prefer the variable, a flag shows in the process list",
+    )
+    auth.add_argument(
+        "--client-keys-dir",
+        default=None,
+        metavar="DIR",
+        help="a folder (the client-keys Secret, mounted at "
+        f"{CLIENT_KEYS_DIR}) in which every file is one client key: the file's name is the "
+        "tenant, its content the key (one trailing newline dropped). Read again every "
+        "--client-keys-refresh seconds, so a key removed from the Secret is refused once the "
+        f"kubelet synced the mount, without a restart. Default: ${CLIENT_KEYS_DIR_ENV}",
+    )
+    auth.add_argument(
+        "--client-keys-refresh",
+        type=float,
+        default=d.client_keys_refresh_s,
+        metavar="SECONDS",
+        help="how often the client-keys folder is read again (default %(default)s)",
+    )
+    auth.add_argument(
+        "--engine-key-file",
+        default=None,
+        metavar="FILE",
+        help="the engine credential the router sends prefill and decode as 'Authorization: "
+        f"Bearer' (their {ENGINE_API_KEY_ENV}), never a client key; read at start-up. Default: "
+        f"${ENGINE_KEY_FILE_ENV}",
     )
 
     limits = parser.add_argument_group("limits and health")
     limits.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes)
+    limits.add_argument(
+        "--body-timeout",
+        type=float,
+        default=d.body_timeout_s,
+        help="seconds a client has to send its whole request body; past it the router answers "
+        "408 and closes the connection (default %(default)s)",
+    )
+    limits.add_argument(
+        "--max-concurrent-requests",
+        type=int,
+        default=d.max_concurrent_requests,
+        help="generation requests served at once, each from its headers to the end of its "
+        "answer; more get 503 with Retry-After (default %(default)s)",
+    )
     limits.add_argument("--connect-timeout", type=float, default=d.connect_timeout_s)
     limits.add_argument("--prefill-timeout", type=float, default=d.prefill_timeout_s)
     limits.add_argument("--decode-timeout", type=float, default=d.decode_timeout_s)
@@ -107,6 +173,7 @@ def add_router_arguments(parser: argparse.ArgumentParser) -> None:
 
 def config_from_args(args: argparse.Namespace) -> RouterConfig:
     """Build and validate a ``RouterConfig`` from parsed options."""
+    engine_key_file = _given(args.engine_key_file, ENGINE_KEY_FILE_ENV)
     return RouterConfig(
         prefill_urls=tuple(check_url("--prefill", u) for u in args.prefill),
         decode_urls=tuple(check_url("--decode", u) for u in args.decode),
@@ -120,12 +187,14 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
         kubeconfig=args.kubeconfig,
         store=StoreKind(args.store),
         redis_url=args.redis_url,
-        redis_prefix=args.redis_prefix,
+        redis_prefix=_given(args.redis_prefix, REDIS_PREFIX_ENV, _DEFAULTS.redis_prefix),
+        redis_timeout_s=args.redis_timeout,
         conversation_ttl_s=args.conversation_ttl,
         decode_kv_ttl_s=args.decode_kv_ttl,
         max_conversations=args.max_conversations,
-        scope_by_api_key=args.scope_by_api_key,
         max_body_bytes=args.max_body_bytes,
+        body_timeout_s=args.body_timeout,
+        max_concurrent_requests=args.max_concurrent_requests,
         connect_timeout_s=args.connect_timeout,
         prefill_timeout_s=args.prefill_timeout,
         decode_timeout_s=args.decode_timeout,
@@ -135,5 +204,17 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
         decode_affinity_slack=args.decode_affinity_slack,
         kv_bytes_per_token=args.kv_bytes_per_token,
         log_format=args.log_format,
-        api_key=args.api_key if args.api_key is not None else os.environ.get(ROUTER_API_KEY_ENV),
+        api_key=_given(args.api_key, ROUTER_API_KEY_ENV),
+        client_keys_dir=_given(args.client_keys_dir, CLIENT_KEYS_DIR_ENV, ""),
+        client_keys_refresh_s=args.client_keys_refresh,
+        engine_key=engine_key_from_file(engine_key_file) if engine_key_file else None,
     ).validate()
+
+
+@overload
+def _given(value: str | None, env: str) -> str | None: ...
+@overload
+def _given(value: str | None, env: str, default: str) -> str: ...
+def _given(value: str | None, env: str, default: str | None = None) -> str | None:
+    """The flag's value when given, else the environment variable's, else ``default``."""
+    return value if value is not None else os.environ.get(env, default)

@@ -37,7 +37,6 @@ from disagg_router.conversation import (
     Lookup,
     TurnEntry,
     TurnStart,
-    bearer_token,
     conversation_key,
 )
 from disagg_router.errors import (
@@ -99,9 +98,15 @@ class ProxyService:
         self._decode_routing = ConversationAffinity(config.decode_affinity_slack)
 
     async def serve_turn(
-        self, endpoint: Endpoint, scope: Scope, receive: Receive, send: Send
+        self,
+        endpoint: Endpoint,
+        conversation_scope: str,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
     ) -> None:
-        """Serve one POST to a generation endpoint, streamed or not, end to end.
+        """Serve one POST to a generation endpoint, streamed or not, end to end, for a client
+        whose conversations are those of ``conversation_scope`` (``auth``: its tenant).
 
         Every error before the answer starts is answered as an OpenAI error; only a failure
         to send the answer itself propagates (to the server, which logs it).
@@ -116,7 +121,7 @@ class ProxyService:
         answer: EngineResponse | None = None
         answering = False  # the answer started: an error can no longer be sent instead
         try:
-            raw = await read_body(request, self._config.max_body_bytes)
+            raw = await read_body(request, self._config.max_body_bytes, self._config.body_timeout_s)
             turn = parse_request(
                 endpoint, raw, request.headers.get(SESSION_HEADER), self._health.model_ids
             )
@@ -124,15 +129,15 @@ class ProxyService:
             if not self._decode.healthy():
                 raise upstream_error(503, "No healthy decode replica.", "no_decode_replica")
 
-            # 1. Resolve the conversation: take its entry from the store (one entry serves one
-            #    turn), unless the decode replica holding that KV left, failed or came back
-            #    since. Without the store the turn runs as a miss, counted as a store error.
+            # 1. Resolve the conversation in the client's scope: take its entry from the store
+            #    (one entry serves one turn), unless the decode replica holding that KV left,
+            #    failed or came back since. Without the store (unreachable, or slower than
+            #    --redis-timeout) the turn runs as a miss, counted as a store error.
             if turn.conversation_id is None:
                 lookup = Lookup.NO_KEY
                 self._metrics.lookups.labels(lookup.value).inc()
             else:
-                api_key = bearer_token(request.headers.get("authorization"))
-                key = conversation_key(turn.conversation_id, api_key, self._config.scope_by_api_key)
+                key = conversation_key(turn.conversation_id, conversation_scope)
                 try:
                     start = await self._store.begin_turn(key)
                 except Exception as exc:
@@ -375,7 +380,12 @@ class ProxyService:
 
     def _store_failed(self, operation: str, exc: Exception) -> None:
         self._metrics.store_errors.labels(operation).inc()
-        log.warning("conversation store %s failed (turn runs without reuse): %s", operation, exc)
+        log.warning(
+            "conversation store %s failed (turn runs without reuse): %s: %s",
+            operation,
+            type(exc).__name__,
+            exc,
+        )
 
     async def _commit(
         self, key: str | None, start: TurnStart | None, decode: Replica, params: object

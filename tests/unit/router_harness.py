@@ -165,6 +165,39 @@ def metric(client: httpx.Client, name: str, **labels: str) -> float:
     return 0.0
 
 
+class SecretVolume:
+    """A folder laid out as the kubelet mounts a Secret: every key a symlink through ``..data``
+    into a timestamped folder, and an update swaps all keys at once by renaming a new
+    ``..data`` symlink over the old one (keys no longer in the Secret are then unlinked)."""
+
+    def __init__(self, path: Path, data: dict[str, str]) -> None:
+        self.path = path
+        path.mkdir(parents=True, exist_ok=True)
+        self.publish(data)
+
+    def publish(self, data: dict[str, str]) -> None:
+        """Make ``data`` (key name -> content) the Secret's keys, as one atomic update."""
+        payload = self.path / f"..{time.strftime('%Y_%m_%d_%H_%M_%S')}.{time.monotonic_ns()}"
+        payload.mkdir()
+        for name, value in data.items():
+            (payload / name).write_text(value)
+        staged = self.path / "..data_tmp"
+        staged.symlink_to(payload.name)
+        previous = (self.path / "..data").resolve() if (self.path / "..data").exists() else None
+        staged.replace(self.path / "..data")
+        for name in data:
+            link = self.path / name
+            if not link.is_symlink():
+                link.symlink_to(Path("..data") / name)
+        for link in self.path.iterdir():
+            if not link.name.startswith("..") and link.name not in data:
+                link.unlink()
+        if previous is not None:
+            for old in previous.iterdir():
+                old.unlink()
+            previous.rmdir()
+
+
 REDIS_SCRIPT = Path(__file__).with_name("redis_server.sh")
 
 

@@ -1,18 +1,21 @@
 """API-key protection: clients need the key on every path but /health and /metrics, and the
-router sends its key to every engine call (stand-ins that refuse /v1 without it, as vLLM)."""
+router sends its engine credential to every engine call (stand-ins that refuse /v1 without it,
+as vLLM): the engine key when it has one, else (as before engine keys) its single API key."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+from pathlib import Path
 
 import httpx
 import pytest
 
-from disagg_contract import ROUTER_API_KEY_ENV
-from disagg_router.auth import ApiKeyGuard
+from disagg_contract import ENGINE_KEY_FILE_ENV, ROUTER_API_KEY_ENV
+from disagg_router.auth import KeyGuard
 from disagg_router.config import ConfigError, RouterConfig
 from disagg_router.options import add_router_arguments, config_from_args
+from disagg_router.tenants import TenantKeys
 from router_harness import RouterRig, metric
 
 MODEL = "standin-model"
@@ -104,7 +107,7 @@ def test_engines_refusing_the_routers_key_is_a_502_not_the_clients_401(
     assert response.status_code == 502, response.text
     error = response.json()["error"]
     assert error["code"] == "engine_unauthorized"
-    assert "spec.auth.apiKeySecret" in error["message"]
+    assert "--engine-key-file" in error["message"] and "spec.auth" in error["message"]
 
 
 def test_without_a_key_the_router_stays_open(client: httpx.Client) -> None:
@@ -122,11 +125,31 @@ def _parse(*argv: str) -> RouterConfig:
 
 def test_key_comes_from_the_environment_unless_given(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(ROUTER_API_KEY_ENV, raising=False)
-    assert _parse().api_key is None
+    monkeypatch.delenv(ENGINE_KEY_FILE_ENV, raising=False)
+    assert _parse().api_key is None and _parse().engine_credential is None
     monkeypatch.setenv(ROUTER_API_KEY_ENV, KEY)
     assert _parse().api_key == KEY
     assert _parse("--api-key", "sk-flag").api_key == "sk-flag"
     assert KEY not in repr(_parse())
+    assert _parse().engine_credential == KEY, "without an engine key the API key goes to engines"
+
+
+def test_engine_key_comes_from_its_file(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv(ROUTER_API_KEY_ENV, KEY)
+    path = tmp_path / "disagg-key"
+    path.write_text("sk-engine-1\n")
+    monkeypatch.setenv(ENGINE_KEY_FILE_ENV, str(path))
+    assert _parse().engine_credential == "sk-engine-1"
+    other = tmp_path / "other"
+    other.write_text("sk-engine-2")
+    config = _parse("--engine-key-file", str(other))
+    assert config.engine_credential == "sk-engine-2" and config.api_key == KEY
+    assert "sk-engine-2" not in repr(config)
+    with pytest.raises(ConfigError, match="--engine-key-file"):
+        _parse("--engine-key-file", str(tmp_path / "missing"))
+    other.write_text("two words")
+    with pytest.raises(ConfigError, match=ENGINE_KEY_FILE_ENV):
+        _parse("--engine-key-file", str(other))
 
 
 @pytest.mark.parametrize("key", ["", f"{KEY}\n", "two words", "clé"])
@@ -137,12 +160,12 @@ def test_keys_that_cannot_travel_in_a_header_are_refused(key: str) -> None:
 
 
 def test_guard_reads_only_the_authorization_header() -> None:
-    guard = ApiKeyGuard(KEY)
+    guard = KeyGuard(TenantKeys(None, KEY, refresh_s=5.0))
 
     def scope(path: str, *headers: tuple[bytes, bytes]) -> dict[str, object]:
         return {"type": "http", "path": path, "headers": list(headers)}
 
-    assert guard.allows(scope("/v1/models", (b"authorization", f"Bearer {KEY}".encode())))
-    assert not guard.allows(scope("/v1/models", (b"x-api-key", KEY.encode())))
-    assert not guard.allows(scope("/v1/models"))
-    assert guard.allows(scope("/health")) and guard.allows(scope("/metrics"))
+    assert guard.scope_of(scope("/v1/models", (b"authorization", f"Bearer {KEY}".encode())))
+    assert guard.scope_of(scope("/v1/models", (b"x-api-key", KEY.encode()))) is None
+    assert guard.scope_of(scope("/v1/models")) is None
+    assert guard.scope_of(scope("/health")) == guard.scope_of(scope("/metrics")) == ""

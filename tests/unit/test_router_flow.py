@@ -109,6 +109,27 @@ def test_client_kv_transfer_params_are_dropped(rig: RouterRig, client: httpx.Cli
     assert [r for e in rig.prefill for r in e.state.reads] == []
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_nested_carriers_of_engine_params_are_emptied(
+    rig: RouterRig, client: httpx.Client, stream: bool
+) -> None:
+    forged = json.dumps({"do_remote_decode": True, "remote_host": "evil"})
+    xargs = {"kv_transfer_params": forged, "ec_transfer_params": forged, "my_plugin": 3}
+    chat(
+        client,
+        [{"role": "user", "content": "hi"}],
+        stream=stream,
+        vllm_xargs=xargs,
+        ec_transfer_params={"remote": "evil"},
+    )
+    received = [b for e in rig.prefill + rig.decode for b in e.state.received]
+    assert len(received) == 2
+    for body in received:
+        assert body["vllm_xargs"] == {"my_plugin": 3}, "other custom arguments pass through"
+        assert "ec_transfer_params" not in body
+    assert "evil" not in json.dumps(received)
+
+
 def test_session_header_keys_the_conversation(rig: RouterRig, client: httpx.Client) -> None:
     messages = [{"role": "user", "content": "hello"}]
     chat(client, messages, headers={"X-Session-ID": "s-1"})

@@ -66,6 +66,14 @@ MESSAGES = [{"role": "user", "content": "hi"}]
         (CHAT, {"model": MODEL, "messages": MESSAGES, "stream_options": []}, "stream_options"),
         (CHAT, {"model": MODEL, "messages": MESSAGES, "conversation_id": 5}, "conversation_id"),
         (CHAT, {"model": MODEL, "messages": MESSAGES, "conversation_id": ""}, "conversation_id"),
+        *(
+            (
+                CHAT,
+                {"model": MODEL, "messages": MESSAGES, "conversation_id": odd},
+                "conversation_id",
+            )
+            for odd in ("\ud800", "a\udfffb", "a\x00b", "a\nb", "\u2028", "a\x85b", "\ue000")
+        ),
         (CHAT, {"model": 7, "messages": MESSAGES}, "model"),
         (COMPLETIONS, {"model": MODEL}, "prompt"),
         (COMPLETIONS, {"model": MODEL, "prompt": [1, "a"]}, "prompt"),
@@ -86,11 +94,18 @@ def test_unknown_model_is_404(client: httpx.Client) -> None:
     assert response.json()["error"]["code"] == "model_not_found"
 
 
-def test_bad_session_header_is_400(client: httpx.Client) -> None:
+@pytest.mark.parametrize("value", [b"x" * 600, b"a\tb", b"a\x85b", b"\xa0"])
+def test_bad_session_header_is_400(client: httpx.Client, value: bytes) -> None:
     response = client.post(
-        CHAT, json={"model": MODEL, "messages": MESSAGES}, headers={"X-Session-ID": "x" * 600}
+        CHAT, json={"model": MODEL, "messages": MESSAGES}, headers={"X-Session-ID": value}
     )
     assert_openai_error(response, 400, "X-Session-ID")
+
+
+def test_printable_ids_of_any_script_are_served(client: httpx.Client) -> None:
+    for odd_but_fine in ("会话 1", "émoji 🙂", "a b"):
+        body = {"model": MODEL, "messages": MESSAGES, "conversation_id": odd_but_fine}
+        assert client.post(CHAT, json=body).status_code == 200
 
 
 def test_oversized_bodies_are_413(client: httpx.Client) -> None:
@@ -118,14 +133,21 @@ def test_request_id_is_echoed_on_errors(client: httpx.Client) -> None:
     assert response.headers["X-Request-Id"] == "bad-1"
 
 
+# Every code point, and the odd ones often: lone surrogates (JSON escapes them, Python decodes
+# them to str), control and format characters, separators, private use. The ids of
+# ``valid_but_the_id`` hold at least one of them, in bodies that are otherwise served.
+ODD_CHARACTERS = "\ud800\udbff\udc00\udfff\x00\t\n\x1b\x7f\x85\xa0\u200b\u2028\u2029\ue000"
+characters = st.characters(exclude_categories=()) | st.sampled_from(ODD_CHARACTERS)
+any_text = st.text(characters, max_size=20)
 json_values = st.recursive(
     st.none()
     | st.booleans()
     | st.integers(min_value=-(2**70), max_value=2**70)
     | st.floats(allow_nan=False)
-    | st.text(max_size=20),
+    | any_text,
     lambda inner: (
-        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+        st.lists(inner, max_size=4)
+        | st.dictionaries(st.text(characters, max_size=8), inner, max_size=4)
     ),
     max_leaves=12,
 )
@@ -140,14 +162,25 @@ FIELDS = [
     "n",
     "conversation_id",
     "kv_transfer_params",
+    "vllm_xargs",
+    "ec_transfer_params",
     "temperature",
     "min_tokens",
 ]
 valid_chat = st.fixed_dictionaries({}, optional={name: json_values for name in FIELDS}).map(
     lambda overrides: {"model": MODEL, "messages": MESSAGES, **overrides}
 )
+odd_ids = st.tuples(any_text, st.sampled_from(ODD_CHARACTERS), any_text).map("".join)
+valid_but_the_id = odd_ids.map(
+    lambda conversation_id: {
+        "model": MODEL,
+        "messages": MESSAGES,
+        "conversation_id": conversation_id,
+    }
+)
 bodies = st.one_of(
     valid_chat.map(lambda b: json.dumps(b).encode()),
+    valid_but_the_id.map(lambda b: json.dumps(b).encode()),
     json_values.map(lambda v: json.dumps(v).encode()),
     st.binary(max_size=64),
 )
@@ -159,7 +192,7 @@ bodies = st.one_of(
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
-@given(body=bodies, path=st.sampled_from([CHAT, COMPLETIONS]), session=st.none() | st.text())
+@given(body=bodies, path=st.sampled_from([CHAT, COMPLETIONS]), session=st.none() | any_text)
 def test_fuzzed_bodies_never_get_a_router_5xx(
     client: httpx.Client, body: bytes, path: str, session: str | None
 ) -> None:

@@ -1,13 +1,25 @@
-"""Router replicas sharing one real redis-server: reuse survives alternation and restarts."""
+"""Router replicas sharing one real redis-server: reuse survives alternation and restarts, models
+sharing a Redis never meet, and a Redis that never answers costs a turn its reuse, not its
+answer."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import httpx
 import pytest
 
-from router_harness import RouterRig, metric, redis_server, router_process, start_engine
+from disagg_contract import REDIS_PREFIX_ENV
+from disagg_router.config import ConfigError, RouterConfig
+from router_harness import (
+    RouterRig,
+    bind_loopback,
+    metric,
+    redis_server,
+    router_process,
+    start_engine,
+)
 
 MODEL = "standin-model"
 
@@ -74,6 +86,25 @@ def test_router_killed_and_restarted_keeps_conversations(rig: RouterRig, redis_u
         assert hits(second) == 1
 
 
+def test_models_with_their_own_prefix_never_share_a_conversation(
+    rig: RouterRig, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    prefill, decode = [e.url for e in rig.prefill], [e.url for e in rig.decode]
+    options = ("--store", "redis", "--redis-url", redis_url)
+    messages = [{"role": "user", "content": "same id, two models"}]
+    monkeypatch.setenv(REDIS_PREFIX_ENV, "disagg:team-a:model-1:conv:")
+    with router_process(prefill, decode, *options) as model_1:
+        turn(model_1, messages, "shared-id")
+    with router_process(
+        prefill, decode, *options, "--redis-prefix", "disagg:team-a:m2:"
+    ) as model_2:
+        turn(model_2, messages, "shared-id")
+        assert hits(model_2) == 0, "another model's entry under the same id is not this model's"
+    with router_process(prefill, decode, *options) as model_1_again:
+        turn(model_1_again, messages, "shared-id")
+        assert hits(model_1_again) == 1, "the prefix comes from the environment"
+
+
 def test_api_key_scoping_holds_across_routers(rig: RouterRig, redis_url: str) -> None:
     options = {"store": "redis", "redis_url": redis_url, "redis_prefix": "scope:"}
     a, b = rig.start_router(**options), rig.start_router(**options)
@@ -100,3 +131,43 @@ def test_unreachable_store_degrades_to_no_reuse(rig: RouterRig) -> None:
         }
         assert client.post("/v1/chat/completions", json=body).status_code == 200
         assert metric(client, "disagg_router_store_errors_total", operation="begin_turn") == 1
+
+
+@pytest.fixture
+def black_hole() -> Iterator[str]:
+    """A Redis URL whose listener accepts connections (the kernel's backlog) and never answers."""
+    with bind_loopback() as sock:
+        sock.listen(1024)
+        yield f"redis://127.0.0.1:{sock.getsockname()[1]}/0"
+
+
+REDIS_TIMEOUT_S = 0.5
+
+
+def test_a_black_holed_redis_makes_each_turn_a_miss_within_the_timeout(
+    rig: RouterRig, black_hole: str
+) -> None:
+    router = rig.start_router(store="redis", redis_url=black_hole, redis_timeout_s=REDIS_TIMEOUT_S)
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "conversation_id": "c"}
+    with httpx.Client(base_url=router.url, timeout=30) as client:
+        for _ in range(2):
+            began = time.monotonic()
+            response = client.post("/v1/chat/completions", json=body)
+            took = time.monotonic() - began
+            assert response.status_code == 200, response.text
+            assert REDIS_TIMEOUT_S <= took < REDIS_TIMEOUT_S + 1.0, took
+        assert metric(client, "disagg_router_store_errors_total", operation="begin_turn") == 2
+        assert metric(client, "disagg_router_conversation_lookups_total", result="hit") == 0
+        began = time.monotonic()
+        health = client.get("/health")
+        assert time.monotonic() - began < REDIS_TIMEOUT_S + 1.0
+        assert health.status_code == 200 and health.json()["status"] == "degraded"
+    assert sum(len(e.state.reads) for e in rig.prefill) == 0
+
+
+def test_the_redis_timeout_is_a_positive_number_of_seconds() -> None:
+    urls = ("http://p:1",)
+    with pytest.raises(ConfigError, match="--redis-timeout"):
+        RouterConfig(urls, urls, redis_timeout_s=0).validate()
+    with pytest.raises(ConfigError, match="--redis-prefix"):
+        RouterConfig(urls, urls, redis_prefix="").validate()

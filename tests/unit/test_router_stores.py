@@ -8,12 +8,9 @@ from collections.abc import Awaitable, Callable, Iterator
 
 import pytest
 
-from disagg_router.conversation import (
-    Lookup,
-    TurnEntry,
-    bearer_token,
-    conversation_key,
-)
+from disagg_router.auth import KeyGuard, OpenGuard
+from disagg_router.conversation import Lookup, TurnEntry, conversation_key
+from disagg_router.tenants import TenantKeys
 from disagg_router.stores import ConversationStore
 from disagg_router.stores.memory_store import MemoryStore
 from disagg_router.stores.redis_store import RedisStore
@@ -34,7 +31,7 @@ def make_store(request: pytest.FixtureRequest) -> StoreFactory:
         return lambda: MemoryStore(max_conversations=100)
     url = request.getfixturevalue("redis_url")
     prefix = f"test:{request.node.name}:{time.monotonic_ns()}:"
-    return lambda: RedisStore(url, prefix, ttl_s=60)
+    return lambda: RedisStore(url, prefix, ttl_s=60, timeout_s=2.0)
 
 
 def run(make_store: StoreFactory, scenario: Callable[[ConversationStore], Awaitable[None]]) -> None:
@@ -140,11 +137,17 @@ def test_entries_round_trip_through_json() -> None:
     assert TurnEntry.from_json(original.to_json()) == original
 
 
-def test_conversation_key_is_scoped_by_api_key() -> None:
-    assert conversation_key("c", "key-a", True) != conversation_key("c", "key-b", True)
-    assert conversation_key("c", "key-a", False) == conversation_key("c", "key-b", False)
-    assert conversation_key("c", None, True) == conversation_key("c", None, False)
-    assert conversation_key("c", None, True) != conversation_key("d", None, True)
-    assert bearer_token("Bearer  sk-1 ") == "sk-1"
-    assert bearer_token("Basic abc") is None
-    assert bearer_token(None) is None
+def test_conversation_key_is_scoped_by_tenant_or_open_token() -> None:
+    def scope(authorization: bytes | None, path: str = "/v1/completions") -> dict[str, object]:
+        headers = [(b"authorization", authorization)] if authorization is not None else []
+        return {"type": "http", "path": path, "headers": headers}
+
+    keyed = KeyGuard(TenantKeys(None, "sk-1", refresh_s=5.0))
+    assert keyed.scope_of(scope(b"Bearer  sk-1 ")) == "tenant:default"
+    assert keyed.scope_of(scope(b"Basic sk-1")) is None
+    assert keyed.scope_of(scope(None, "/health")) == ""
+    open_guard = OpenGuard()
+    assert open_guard.scope_of(scope(b"Bearer sk-1")) == "token:sk-1"
+    assert open_guard.scope_of(scope(b"Basic abc")) == open_guard.scope_of(scope(None)) == ""
+    assert conversation_key("c", "tenant:a") != conversation_key("c", "tenant:b")
+    assert conversation_key("c", "") != conversation_key("d", "")

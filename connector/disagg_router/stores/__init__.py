@@ -49,7 +49,12 @@ def build_store(config: RouterConfig) -> ConversationStore:
     if config.store == StoreKind.REDIS:
         from disagg_router.stores.redis_store import RedisStore
 
-        return RedisStore(config.redis_url, config.redis_prefix, config.conversation_ttl_s)
+        return RedisStore(
+            config.redis_url,
+            config.redis_prefix,
+            config.conversation_ttl_s,
+            config.redis_timeout_s,
+        )
     from disagg_router.stores.memory_store import MemoryStore
 
     return MemoryStore(config.max_conversations)

@@ -1,12 +1,17 @@
 """Conversation store on the Redis protocol (Redis or Valkey), shared by router replicas.
 
 One hash per conversation (fields ``seq``, ``committed``, ``entry``, ``decode``); each
-operation is one Lua script, so it is atomic across routers and costs one round trip.
+operation is one Lua script, so it is atomic across routers and costs one round trip. Each
+operation, connecting and the client's own retries included, ends within ``timeout_s``: a Redis
+that accepts connections and never answers turns a turn into a miss, not a hang.
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -41,17 +46,32 @@ return 1
 class RedisStore:
     """Store shared through Redis; conversation state lives twice the entry TTL."""
 
-    def __init__(self, url: str, prefix: str, ttl_s: float) -> None:
-        self._redis: Any = aioredis.Redis.from_url(url)
+    def __init__(self, url: str, prefix: str, ttl_s: float, timeout_s: float) -> None:
+        self._redis: Any = aioredis.Redis.from_url(
+            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s
+        )
+        self._timeout_s = timeout_s
         self._prefix = prefix
         self._keep_s = max(1, math.ceil(2 * ttl_s))
         self._begin = self._redis.register_script(_BEGIN)
         self._commit = self._redis.register_script(_COMMIT)
         self._restore = self._redis.register_script(_RESTORE)
 
+    @asynccontextmanager
+    async def _deadline(self) -> AsyncIterator[None]:
+        """End the block within the timeout, with an error that says so."""
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                yield
+        except TimeoutError:
+            raise TimeoutError(
+                f"Redis did not answer within {self._timeout_s:g} s (--redis-timeout)"
+            ) from None
+
     async def begin_turn(self, key: str) -> TurnStart:
         """Number a new turn and take the conversation's entry, if any."""
-        reply = await self._begin(keys=[self._prefix + key], args=[self._keep_s])
+        async with self._deadline():
+            reply = await self._begin(keys=[self._prefix + key], args=[self._keep_s])
         seq = int(reply[0])
         raw = reply[1] if len(reply) > 1 else None
         decode = reply[2].decode() if len(reply) > 2 and reply[2] is not None else None
@@ -65,16 +85,19 @@ class RedisStore:
     async def commit(self, key: str, entry: TurnEntry) -> bool:
         """Store ``entry`` unless a later-started turn already committed."""
         args: list[str | int] = [entry.seq, entry.to_json(), self._keep_s, entry.decode_url]
-        return bool(await self._commit(keys=[self._prefix + key], args=args))
+        async with self._deadline():
+            return bool(await self._commit(keys=[self._prefix + key], args=args))
 
     async def restore(self, key: str, entry: TurnEntry) -> bool:
         """Put back an entry taken by a failed turn, if nothing newer was committed."""
         args: list[str | int] = [entry.seq, entry.to_json()]
-        return bool(await self._restore(keys=[self._prefix + key], args=args))
+        async with self._deadline():
+            return bool(await self._restore(keys=[self._prefix + key], args=args))
 
     async def check(self) -> None:
-        """Raise if Redis does not answer a PING."""
-        await self._redis.ping()
+        """Raise if Redis does not answer a PING within the timeout."""
+        async with self._deadline():
+            await self._redis.ping()
 
     async def close(self) -> None:
         """Close the connection pool."""
