@@ -202,7 +202,12 @@ class OfferSigner:
         }
 
     def admit(self, params: Mapping[str, Any], direction: Direction, now: float) -> Admission:
-        """Check a well-formed offer's envelope, expiry and single use, in that order."""
+        """Check a well-formed offer's envelope, expiry and single use, in that order.
+
+        A decode-to-prefill offer's expiry must be its ``disagg_expires_at`` too, the one the
+        reuse plan reads, so that an expired offer the caller hands on to the plan is refused
+        there as well.
+        """
         if self.keys is None:
             if direction is Direction.PREFILL_TO_DECODE:
                 return Admission(True, Verdict.UNCHECKED)
@@ -224,6 +229,11 @@ class OfferSigner:
             return Admission(False, Verdict.MALFORMED, f"fields cannot be encoded: {exc}")
         if not self.keys.verify(message, envelope["sig"]):
             return Admission(False, Verdict.BAD_SIGNATURE, "signature does not match")
+        if (
+            direction is Direction.DECODE_TO_PREFILL
+            and params.get(EXPIRES_AT_KEY) != envelope["exp"]
+        ):
+            return Admission(False, Verdict.MALFORMED, f"{EXPIRES_AT_KEY} is not the envelope's")
         if now + EXPIRY_MARGIN_S >= envelope["exp"]:
             return Admission(False, Verdict.EXPIRED, f"expired at {envelope['exp']:.0f}")
         if not self.spent.spend(envelope["id"], envelope["exp"], now):

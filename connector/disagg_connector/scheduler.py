@@ -141,7 +141,11 @@ class DisaggConnectorScheduler(NixlPullConnectorScheduler):
             self._refuse(request, params, direction, Verdict.MALFORMED, problem)
             return
         admission = self.signer.admit(params, direction, time.time())
-        if not admission.admitted:
+        if admission.verdict is Verdict.EXPIRED and direction is Direction.DECODE_TO_PREFILL:
+            # Authentic but past decode's retention: the reuse plan refuses it (no read, no
+            # notification) and logs and counts its tokens as every D->P verdict.
+            self._admitted.add(request.request_id)
+        elif not admission.admitted:
             assert admission.verdict is not None
             self._refuse(request, params, direction, admission.verdict, admission.reason)
         elif admission.verdict is not None:

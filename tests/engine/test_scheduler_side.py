@@ -46,7 +46,7 @@ from vllm.v1.structured_output import StructuredOutputManager
 from conftest import MODEL_DIR
 from disagg.rig.engine import MODEL_NAME, ensure_model
 from disagg_connector.offer import BOUND_KEYS
-from disagg_connector.offer_form import REMOTE_FIELDS
+from disagg_connector.offer_form import REMOTE_FIELDS, pull_direction
 from disagg_connector.prefix_digest import TokenDigest
 from disagg_connector.scheduler import DisaggConnectorScheduler
 from disagg_connector.stats import OFFER_VERDICTS, DisaggKVConnectorStats, DisaggPromMetrics
@@ -261,7 +261,7 @@ def recompute_check(prefill: Engine, params: Any, prompt: list[int] = NEXT) -> l
     assert reads == []
     assert req.num_computed_tokens >= len(prompt)
     assert published is not None and published["do_remote_prefill"] is True
-    assert not {"remote_block_ids", TOKEN_DIGEST_KEY} & set(req.kv_transfer_params or {})
+    assert pull_direction(req.kv_transfer_params or {}) is None
     return prefill.verdicts()
 
 

@@ -141,6 +141,18 @@ def test_an_altered_envelope_breaks_the_signature(field: str, value: object) -> 
     assert signer().admit(params, D2P, NOW).verdict is Verdict.BAD_SIGNATURE
 
 
+def test_a_decode_offer_must_expire_when_its_envelope_does() -> None:
+    """The reuse plan reads disagg_expires_at: it must be the expiry the signature covers."""
+    later = published(**{EXPIRES_AT_KEY: NOW + 10 * TTL})
+    assert signer().admit(later, D2P, NOW).verdict is Verdict.MALFORMED
+    keyed = signer()
+    params = published()
+    del params[EXPIRES_AT_KEY]
+    keyed.sign(params, NOW + TTL)
+    assert keyed.admit(params, D2P, NOW).verdict is Verdict.MALFORMED
+    assert keyed.admit(params, P2D, NOW).admitted  # prefill's offers carry none
+
+
 def test_forged_offer_without_an_envelope_is_unsigned() -> None:
     params = published()
     del params[OFFER_KEY]
