@@ -24,7 +24,7 @@ from starlette.types import Receive, Scope, Send
 from disagg_contract import Role
 from disagg_router import routes
 from disagg_router.auth import Guard, KeyGuard, OpenGuard, unauthorized
-from disagg_router.config import RouterConfig
+from disagg_router.config import RouterConfig, check_client_keys, engine_credential
 from disagg_router.discovery import build_discovery
 from disagg_router.errors import RouterError, error_response, overloaded, request_id_of
 from disagg_router.health import HealthChecker
@@ -86,12 +86,20 @@ class RouterApp:
 
 
 def create_app(config: RouterConfig) -> RouterApp:
-    """Build the router app for a validated ``config``."""
+    """Build the router app for a validated ``config``, reading the key files it names (raise
+    ``ConfigError`` naming a file that holds no usable key)."""
+    credential = engine_credential(config)
+    folder = Path(config.client_keys_dir) if config.client_keys_dir else None
+    if folder is not None:
+        check_client_keys(folder, config.api_key)
+    guard: Guard = OpenGuard()
+    if config.authenticates:
+        guard = KeyGuard(TenantKeys(folder, config.api_key, config.client_keys_refresh_s))
     slots = RequestSlots(config.max_concurrent_requests)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        engines = EngineClient(config.connect_timeout_s, config.engine_credential)
+        engines = EngineClient(config.connect_timeout_s, credential)
         pools = tuple(
             ReplicaPool(role, config.health_interval_s, config.health_max_backoff_s)
             for role in (Role.PREFILL, Role.DECODE)
@@ -122,10 +130,6 @@ def create_app(config: RouterConfig) -> RouterApp:
     )
     api.include_router(routes.router)
     api.add_exception_handler(HTTPException, _http_error)
-    guard: Guard = OpenGuard()
-    if config.authenticates:
-        folder = Path(config.client_keys_dir) if config.client_keys_dir else None
-        guard = KeyGuard(TenantKeys(folder, config.api_key, config.client_keys_refresh_s))
     return RouterApp(api, guard, slots)
 
 

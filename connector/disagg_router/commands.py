@@ -30,4 +30,7 @@ def _run_router(args: argparse.Namespace) -> int:
         raise SystemExit(f"disagg router: {exc}") from None
     from disagg_router.server import run
 
-    return run(config)
+    try:
+        return run(config)
+    except ConfigError as exc:  # a key file named by the config, read as the app is built
+        raise SystemExit(f"disagg router: {exc}") from None

@@ -72,13 +72,7 @@ class RouterConfig:
     api_key: str | None = field(default=None, repr=False)
     client_keys_dir: str = ""
     client_keys_refresh_s: float = 5.0
-    engine_key: str | None = field(default=None, repr=False)
-
-    @property
-    def engine_credential(self) -> str | None:
-        """What the router sends the engines as ``Authorization: Bearer``: the engine key, or
-        (without one, as before engine keys existed) the single API key, or nothing."""
-        return self.engine_key if self.engine_key is not None else self.api_key
+    engine_key_file: str = ""
 
     @property
     def authenticates(self) -> bool:
@@ -86,7 +80,12 @@ class RouterConfig:
         return self.api_key is not None or bool(self.client_keys_dir)
 
     def validate(self) -> RouterConfig:
-        """Check cross-field rules and return self; raise ``ConfigError`` naming the field."""
+        """Check cross-field rules and return self; raise ``ConfigError`` naming the field.
+
+        No file is read here (a rendered command validates anywhere): the app reads the
+        engine key file and the client-keys folder when it is built (``engine_credential``,
+        ``check_client_keys``), before the server starts.
+        """
         if self.store not in set(StoreKind):
             raise ConfigError(f"--store: {self.store!r} is not one of memory, redis")
         if self.discovery not in set(DiscoveryKind):
@@ -140,10 +139,6 @@ class RouterConfig:
             raise ConfigError("--log-format: choose text or json")
         if self.api_key is not None:
             check_key(f"--api-key/{ROUTER_API_KEY_ENV}", self.api_key)
-        if self.engine_key is not None:
-            check_key(f"--engine-key-file/{ENGINE_KEY_FILE_ENV}", self.engine_key)
-        if self.client_keys_dir:
-            check_client_keys(Path(self.client_keys_dir), self.api_key)
         return self
 
 
@@ -170,12 +165,19 @@ def check_client_keys(folder: Path, api_key: str | None) -> None:
         raise ConfigError(f"{source}: {'; '.join(problems)}")
 
 
-def engine_key_from_file(path: str) -> str:
-    """The engine credential held in ``path``; raise ``ConfigError`` when it cannot be read."""
+def engine_credential(config: RouterConfig) -> str | None:
+    """What the router sends the engines as ``Authorization: Bearer``: the key of
+    ``--engine-key-file``, or without one (as before engine keys existed) the single API key,
+    or nothing. Reads the file once; raise ``ConfigError`` naming it when it holds no key."""
+    if not config.engine_key_file:
+        return config.api_key
+    source = f"--engine-key-file/{ENGINE_KEY_FILE_ENV}"
     try:
-        return read_key_file(Path(path))
+        key = read_key_file(Path(config.engine_key_file))
     except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"--engine-key-file/{ENGINE_KEY_FILE_ENV}: {exc}") from None
+        raise ConfigError(f"{source}: {exc}") from None
+    check_key(source, key)
+    return key
 
 
 def require(package: str, option: str) -> None:

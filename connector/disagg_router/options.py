@@ -19,7 +19,6 @@ from disagg_router.config import (
     RouterConfig,
     StoreKind,
     check_url,
-    engine_key_from_file,
 )
 from disagg_router.tenants import API_KEY_TENANT
 
@@ -173,7 +172,6 @@ def add_router_arguments(parser: argparse.ArgumentParser) -> None:
 
 def config_from_args(args: argparse.Namespace) -> RouterConfig:
     """Build and validate a ``RouterConfig`` from parsed options."""
-    engine_key_file = _given(args.engine_key_file, ENGINE_KEY_FILE_ENV)
     return RouterConfig(
         prefill_urls=tuple(check_url("--prefill", u) for u in args.prefill),
         decode_urls=tuple(check_url("--decode", u) for u in args.decode),
@@ -207,7 +205,7 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
         api_key=_given(args.api_key, ROUTER_API_KEY_ENV),
         client_keys_dir=_given(args.client_keys_dir, CLIENT_KEYS_DIR_ENV, ""),
         client_keys_refresh_s=args.client_keys_refresh,
-        engine_key=engine_key_from_file(engine_key_file) if engine_key_file else None,
+        engine_key_file=_given(args.engine_key_file, ENGINE_KEY_FILE_ENV, ""),
     ).validate()
 
 

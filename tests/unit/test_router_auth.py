@@ -13,7 +13,7 @@ import pytest
 
 from disagg_contract import ENGINE_KEY_FILE_ENV, ROUTER_API_KEY_ENV
 from disagg_router.auth import KeyGuard
-from disagg_router.config import ConfigError, RouterConfig
+from disagg_router.config import ConfigError, RouterConfig, engine_credential
 from disagg_router.options import add_router_arguments, config_from_args
 from disagg_router.tenants import TenantKeys
 from router_harness import RouterRig, metric
@@ -126,12 +126,12 @@ def _parse(*argv: str) -> RouterConfig:
 def test_key_comes_from_the_environment_unless_given(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(ROUTER_API_KEY_ENV, raising=False)
     monkeypatch.delenv(ENGINE_KEY_FILE_ENV, raising=False)
-    assert _parse().api_key is None and _parse().engine_credential is None
+    assert _parse().api_key is None and engine_credential(_parse()) is None
     monkeypatch.setenv(ROUTER_API_KEY_ENV, KEY)
     assert _parse().api_key == KEY
     assert _parse("--api-key", "sk-flag").api_key == "sk-flag"
     assert KEY not in repr(_parse())
-    assert _parse().engine_credential == KEY, "without an engine key the API key goes to engines"
+    assert engine_credential(_parse()) == KEY, "without an engine key the API key goes to engines"
 
 
 def test_engine_key_comes_from_its_file(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -139,17 +139,17 @@ def test_engine_key_comes_from_its_file(monkeypatch: pytest.MonkeyPatch, tmp_pat
     path = tmp_path / "disagg-key"
     path.write_text("sk-engine-1\n")
     monkeypatch.setenv(ENGINE_KEY_FILE_ENV, str(path))
-    assert _parse().engine_credential == "sk-engine-1"
+    assert engine_credential(_parse()) == "sk-engine-1"
     other = tmp_path / "other"
     other.write_text("sk-engine-2")
     config = _parse("--engine-key-file", str(other))
-    assert config.engine_credential == "sk-engine-2" and config.api_key == KEY
-    assert "sk-engine-2" not in repr(config)
+    assert engine_credential(config) == "sk-engine-2" and config.api_key == KEY
+    missing = _parse("--engine-key-file", str(tmp_path / "missing"))
     with pytest.raises(ConfigError, match="--engine-key-file"):
-        _parse("--engine-key-file", str(tmp_path / "missing"))
+        engine_credential(missing)
     other.write_text("two words")
     with pytest.raises(ConfigError, match=ENGINE_KEY_FILE_ENV):
-        _parse("--engine-key-file", str(other))
+        engine_credential(config)
 
 
 @pytest.mark.parametrize("key", ["", f"{KEY}\n", "two words", "clé"])

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from disagg.cli import build_parser
+from disagg_contract import CLIENT_KEYS_DIR, ENGINE_KEY_DIR, SECRET_KEY_NAME
 from disagg_operator.loading import load_file
 from disagg_operator.models import AuthSpec
 from disagg_operator.render import render
@@ -47,6 +48,15 @@ def test_rendered_router_reads_the_api_key_the_secret_gives(
     monkeypatch.setenv(from_secret["name"], "sk-from-secret")
     config = config_from_args(build_parser().parse_args(container["command"][1:]))
     assert config.api_key == "sk-from-secret"
+
+
+def test_the_mounted_key_paths_validate_where_they_are_not_mounted() -> None:
+    engine_key = f"{ENGINE_KEY_DIR}/{SECRET_KEY_NAME}"
+    args = ["router", "--prefill", "http://p:1", "--decode", "http://d:1"]
+    args += ["--client-keys-dir", CLIENT_KEYS_DIR, "--engine-key-file", engine_key]
+    config = config_from_args(build_parser().parse_args(args))
+    assert (config.client_keys_dir, config.engine_key_file) == (CLIENT_KEYS_DIR, engine_key)
+    assert config.authenticates, "a client-keys folder, even empty, means clients need a key"
 
 
 def test_examples_exist() -> None:

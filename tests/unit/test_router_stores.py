@@ -10,10 +10,10 @@ import pytest
 
 from disagg_router.auth import KeyGuard, OpenGuard
 from disagg_router.conversation import Lookup, TurnEntry, conversation_key
-from disagg_router.tenants import TenantKeys
 from disagg_router.stores import ConversationStore
 from disagg_router.stores.memory_store import MemoryStore
 from disagg_router.stores.redis_store import RedisStore
+from disagg_router.tenants import TenantKeys
 from router_harness import redis_server
 
 StoreFactory = Callable[[], ConversationStore]

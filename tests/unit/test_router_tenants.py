@@ -5,6 +5,8 @@ without a restart; the engines only ever see the router's engine key."""
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,6 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from disagg_router.app import create_app
 from disagg_router.config import ConfigError, RouterConfig
 from disagg_router.tenants import API_KEY_TENANT, TenantKeys, read_client_keys
 from router_harness import RouterRig, SecretVolume, metric, router_rig
@@ -20,6 +23,7 @@ MODEL = "standin-model"
 ENGINE_KEY = "sk-engine-only-7f3a"
 KEYS = {"alice": "sk-alice-0001", "bob": "sk-bob-0002"}
 REFRESH_S = 0.1
+URLS = ("http://127.0.0.1:1",)
 
 
 @pytest.fixture
@@ -30,15 +34,16 @@ def volume(tmp_path: Path) -> SecretVolume:
 
 
 @pytest.fixture
-def tenants(volume: SecretVolume) -> Iterator[RouterRig]:
+def tenants(volume: SecretVolume, tmp_path: Path) -> Iterator[RouterRig]:
     """One prefill and one decode that accept only ENGINE_KEY, behind a router with the folder."""
+    engine_key = SecretVolume(tmp_path / "engine-key", {"disagg-key": ENGINE_KEY + "\n"})
     with router_rig(
         prefills=1,
         decodes=1,
         engine_api_key=ENGINE_KEY,
         client_keys_dir=str(volume.path),
         client_keys_refresh_s=REFRESH_S,
-        engine_key=ENGINE_KEY,
+        engine_key_file=str(engine_key.path / "disagg-key"),
     ) as running:
         yield running
 
@@ -167,17 +172,26 @@ def test_bad_key_files_are_refused_at_start_up_by_name(
     tmp_path: Path, files: dict[str, str], mentions: str
 ) -> None:
     folder = SecretVolume(tmp_path / "keys", files).path
-    config = RouterConfig(
-        ("http://p:1",), ("http://d:1",), client_keys_dir=str(folder), api_key="sk-api"
-    )
+    config = RouterConfig(URLS, URLS, client_keys_dir=str(folder), api_key="sk-api").validate()
     with pytest.raises(ConfigError, match=rf"--client-keys-dir.*{mentions}"):
-        config.validate()
+        create_app(config)
 
 
 def test_a_missing_folder_is_refused_at_start_up(tmp_path: Path) -> None:
-    config = RouterConfig(("http://p:1",), ("http://d:1",), client_keys_dir=str(tmp_path / "x"))
+    config = RouterConfig(URLS, URLS, client_keys_dir=str(tmp_path / "x")).validate()
     with pytest.raises(ConfigError, match="--client-keys-dir"):
-        config.validate()
+        create_app(config)
+
+
+def test_the_cli_names_a_bad_key_file_and_exits(tmp_path: Path) -> None:
+    folder = SecretVolume(tmp_path / "keys", {"alice": "two words"}).path
+    command = [sys.executable, "-m", "disagg.cli", "router", "--prefill", *URLS, "--decode", *URLS]
+    done = subprocess.run(
+        [*command, "--client-keys-dir", str(folder)], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode != 0
+    assert "disagg router: --client-keys-dir" in done.stderr and "alice" in done.stderr
+    assert "Traceback" not in done.stderr
 
 
 class Clock:
