@@ -2,11 +2,11 @@
 
 The engine that retains KV for another to read (decode after a turn, prefill for decode)
 signs what it publishes: HMAC-SHA256, under a per-model key only prefill and decode hold,
-over every field the reader acts on (see :data:`BOUND_KEYS`), a fresh offer id, the expiry
-and the model's identity. The reader checks the signature (constant-time) before it plans a
-read, refuses an expired offer, and accepts each offer id once: an honest offer replayed
-after its first read, once its blocks hold other requests' KV, is refused. Pure logic, no
-vLLM.
+over every field the reader acts on (see :data:`BOUND_KEYS`), a fresh offer id (one per
+retention), when it was issued, the expiry and the model's identity. The reader checks the
+signature (constant-time) before it plans a read, refuses an expired offer, and accepts each
+offer id once: an honest offer replayed after its first read, once its blocks hold other
+requests' KV, is refused. Pure logic, no vLLM.
 
 Without a key this engine signs nothing and refuses every decode-to-prefill offer: reuse that
 nobody can check is never granted. Prefill-to-decode offers are then accepted unsigned
@@ -14,9 +14,11 @@ nobody can check is never granted. Prefill-to-decode offers are then accepted un
 a key they are checked like the others.
 
 What single use covers: a replay to the engine that accepted the offer, for as long as the
-offer lives, in bounded memory. It does not cover a replay to another replica of the reading
-role: vLLM's pull protocol reads the blocks one-sidedly (the owner is told only after the
-read), so the owner cannot refuse a second reader.
+offer lives, in bounded memory, and across that engine's restarts (an offer issued before the
+engine started is refused: it may have been read by the engine's previous life). It does not
+cover a replay to another replica of the reading role: vLLM's pull protocol reads the blocks
+one-sidedly (the owner is told only after the read), so the owner cannot refuse a second
+reader.
 """
 
 from __future__ import annotations
@@ -128,9 +130,11 @@ def model_identity(served_model_name: str, block_size: int) -> str:
     return json.dumps([served_model_name, block_size])
 
 
-def _message(params: Mapping[str, Any], offer_id: str, expires_at: float, model: str) -> bytes:
+def _message(
+    params: Mapping[str, Any], offer_id: str, issued_at: float, expires_at: float, model: str
+) -> bytes:
     fields = {key: params[key] for key in BOUND_KEYS if key in params}
-    document = [OFFER_WIRE_VERSION, offer_id, expires_at, model, fields]
+    document = [OFFER_WIRE_VERSION, offer_id, issued_at, expires_at, model, fields]
     return json.dumps(document, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
 
 
@@ -180,25 +184,26 @@ class Admission:
 class OfferSigner:
     """Signs the offers this engine publishes and admits the ones it is asked to read."""
 
-    def __init__(
-        self, keys: OfferKeys | None, model: str, spent: SpentOffers | None = None
-    ) -> None:
+    def __init__(self, keys: OfferKeys | None, model: str, started_at: float) -> None:
+        """``started_at``: this engine's start (wall clock); offers issued before are refused."""
         self.keys = keys
         self.model = model
-        self.spent = spent if spent is not None else SpentOffers()
+        self.started_at = started_at
+        self.spent = SpentOffers()
 
-    def sign(self, params: dict[str, Any], expires_at: float) -> None:
+    def sign(self, params: dict[str, Any], issued_at: float, expires_at: float) -> None:
         """Add the signed envelope to ``params`` (nothing without a key)."""
         if self.keys is None:
             return
         offer_id = secrets.token_urlsafe(_ID_BYTES)
-        signature = self.keys.sign(_message(params, offer_id, expires_at, self.model))
+        message = _message(params, offer_id, issued_at, expires_at, self.model)
         params[OFFER_KEY] = {
             "v": OFFER_WIRE_VERSION,
             "id": offer_id,
+            "iat": issued_at,
             "exp": expires_at,
             "model": self.model,
-            "sig": signature,
+            "sig": self.keys.sign(message),
         }
 
     def admit(self, params: Mapping[str, Any], direction: Direction, now: float) -> Admission:
@@ -224,7 +229,7 @@ class OfferSigner:
                 False, Verdict.OTHER_MODEL, f"for model {envelope['model']!r}, not {self.model!r}"
             )
         try:
-            message = _message(params, envelope["id"], envelope["exp"], self.model)
+            message = _message(params, envelope["id"], envelope["iat"], envelope["exp"], self.model)
         except (TypeError, ValueError) as exc:
             return Admission(False, Verdict.MALFORMED, f"fields cannot be encoded: {exc}")
         if not self.keys.verify(message, envelope["sig"]):
@@ -236,6 +241,8 @@ class OfferSigner:
             return Admission(False, Verdict.MALFORMED, f"{EXPIRES_AT_KEY} is not the envelope's")
         if now + EXPIRY_MARGIN_S >= envelope["exp"]:
             return Admission(False, Verdict.EXPIRED, f"expired at {envelope['exp']:.0f}")
+        if envelope["iat"] < self.started_at:
+            return Admission(False, Verdict.REPLAYED, "issued before this engine started")
         if not self.spent.spend(envelope["id"], envelope["exp"], now):
             return Admission(False, Verdict.REPLAYED, f"offer {envelope['id']} already read")
         if direction is Direction.PREFILL_TO_DECODE:
@@ -249,13 +256,15 @@ def _envelope_problem(envelope: object) -> str | None:
     version = envelope.get("v")
     if type(version) is not int or version != OFFER_WIRE_VERSION:
         return f"wire version {version!r} is not {OFFER_WIRE_VERSION}"
-    offer_id, expires_at = envelope.get("id"), envelope.get("exp")
+    offer_id = envelope.get("id")
     if not isinstance(offer_id, str) or not 16 <= len(offer_id) <= 64 or not offer_id.isascii():
         return "id is not a short ASCII string"
-    if not isinstance(expires_at, int | float) or isinstance(expires_at, bool):
-        return "exp is not a number"
-    if not math.isfinite(expires_at):
-        return "exp is not finite"
+    for field in ("iat", "exp"):
+        value = envelope.get(field)
+        if not isinstance(value, int | float) or isinstance(value, bool):
+            return f"{field} is not a number"
+        if not math.isfinite(value):
+            return f"{field} is not finite"
     if not isinstance(envelope.get("model"), str):
         return "model is not a string"
     signature = envelope.get("sig")

@@ -81,7 +81,9 @@ class DisaggConnectorScheduler(NixlPullConnectorScheduler):
         self.reuse_stats = DisaggKVConnectorStats()
         keys = load_offer_keys(os.environ)
         served_name = str(vllm_config.model_config.served_model_name)
-        self.signer = OfferSigner(keys, model_identity(served_name, self.block_size))
+        self.signer = OfferSigner(
+            keys, model_identity(served_name, self.block_size), started_at=time.time()
+        )
         if keys is None:
             logger.warning(
                 "No offer-signing key: offers are published unsigned, decode's retained KV "
@@ -250,14 +252,15 @@ class DisaggConnectorScheduler(NixlPullConnectorScheduler):
 
     def _publish(self, request: Request, params: dict[str, Any]) -> None:
         """Sign the offer of retained blocks; decode's also gets the digest and expiry."""
+        now = time.time()
         if not params.get("do_remote_decode"):
-            self.signer.sign(params, time.time() + float(self._kv_lease_duration))
+            self.signer.sign(params, now, now + float(self._kv_lease_duration))
             return
-        expires_at = time.time() + float(self.decoder_kv_blocks_ttl)
+        expires_at = now + float(self.decoder_kv_blocks_ttl)
         params[EXPIRES_AT_KEY] = expires_at
         if request.prompt_embeds is None:
             self._publish_digest(request, params)
-        self.signer.sign(params, expires_at)
+        self.signer.sign(params, now, expires_at)
 
     def _publish_digest(self, request: Request, params: dict[str, Any]) -> None:
         """Digest exactly the tokens decode's retained KV holds: ``remote_num_tokens`` of them."""

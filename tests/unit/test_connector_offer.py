@@ -41,8 +41,11 @@ D2P = Direction.DECODE_TO_PREFILL
 P2D = Direction.PREFILL_TO_DECODE
 
 
+STARTED = NOW - 100
+
+
 def signer(*keys: bytes, model: str = MODEL) -> OfferSigner:
-    return OfferSigner(OfferKeys(keys or (KEY,)), model)
+    return OfferSigner(OfferKeys(keys or (KEY,)), model, started_at=STARTED)
 
 
 def published(by: OfferSigner | None = None, **changes: Any) -> dict[str, Any]:
@@ -65,7 +68,7 @@ def published(by: OfferSigner | None = None, **changes: Any) -> dict[str, Any]:
         EXPIRES_AT_KEY: NOW + TTL,
     }
     params.update(changes)
-    (by or signer()).sign(params, NOW + TTL)
+    (by or signer()).sign(params, NOW, NOW + TTL)
     wire: dict[str, Any] = json.loads(json.dumps(params))
     return wire
 
@@ -78,6 +81,17 @@ def test_an_honest_offer_is_admitted_once() -> None:
     assert (first.admitted, first.verdict) == (True, None)
     again = reader.admit(copy.deepcopy(params), D2P, NOW + 1)
     assert (again.admitted, again.verdict) == (False, Verdict.REPLAYED)
+
+
+def test_an_offer_issued_before_the_reader_started_is_refused() -> None:
+    """Its spent table died with the engine's previous life, which may have read it."""
+    params = published()
+    restarted = OfferSigner(OfferKeys((KEY,)), MODEL, started_at=NOW + 1)
+    admission = restarted.admit(params, D2P, NOW + 2)
+    assert (admission.verdict, admission.reason) == (
+        Verdict.REPLAYED,
+        "issued before this engine started",
+    )
 
 
 def test_prefill_to_decode_offers_are_verified_too() -> None:
@@ -131,6 +145,7 @@ def test_unbound_keys_may_change() -> None:
     ("field", "value"),
     [
         ("exp", NOW + 10 * TTL),  # a longer life
+        ("iat", NOW + 1),  # issued later, to pass a restart
         ("id", "A" * 22),  # a fresh id, to dodge the spent table
         ("sig", "0" * 64),
     ],
@@ -148,7 +163,7 @@ def test_a_decode_offer_must_expire_when_its_envelope_does() -> None:
     keyed = signer()
     params = published()
     del params[EXPIRES_AT_KEY]
-    keyed.sign(params, NOW + TTL)
+    keyed.sign(params, NOW, NOW + TTL)
     assert keyed.admit(params, D2P, NOW).verdict is Verdict.MALFORMED
     assert keyed.admit(params, P2D, NOW).admitted  # prefill's offers carry none
 
@@ -196,6 +211,8 @@ def test_an_offer_within_the_margin_of_expiry_is_refused(left: float) -> None:
         ({"id": 7}, "id is not"),
         ({"id": "short"}, "id is not"),
         ({"exp": "later"}, "exp is not a number"),
+        ({"iat": None}, "iat is not a number"),
+        ({"iat": float("nan")}, "iat is not finite"),
         ({"exp": float("inf")}, "exp is not finite"),
         ({"model": ["tiny"]}, "model is not a string"),
         ({"sig": 12}, "sig is not 64 hex"),
@@ -212,9 +229,9 @@ def test_a_malformed_envelope_is_malformed(envelope: object, named: str) -> None
 
 
 def test_without_a_key_nothing_is_signed_and_only_prefill_to_decode_is_read() -> None:
-    keyless = OfferSigner(None, MODEL)
+    keyless = OfferSigner(None, MODEL, started_at=STARTED)
     params: dict[str, Any] = {"do_remote_decode": True}
-    keyless.sign(params, NOW + TTL)
+    keyless.sign(params, NOW, NOW + TTL)
     assert OFFER_KEY not in params
     assert keyless.admit(published(), D2P, NOW).verdict is Verdict.NO_KEY
     p2d = keyless.admit({"do_remote_prefill": True}, P2D, NOW)
