@@ -1,10 +1,10 @@
-"""Per-length medians, ON/OFF pairing and the headline numbers."""
+"""Per-length medians, rows of the legs (ON, OFF, FLOOR), the floor and the headline numbers."""
 
 from __future__ import annotations
 
 import pytest
 
-from disagg.bench.aggregate import bin_key, headline, pairs, points
+from disagg.bench.aggregate import Point, Row, bin_key, headline, points, rows
 from disagg.bench.records import Leg, TurnRecord
 
 
@@ -56,20 +56,45 @@ def test_compute_is_prefill_minus_transfer() -> None:
     assert [(p.compute_ms, p.kv_transfer_ms) for p in on] == [(85, None), (90, 30), (110, 40)]
 
 
-def test_pairs_keep_lengths_measured_in_both_legs() -> None:
-    paired = pairs(RECORDS)
-    assert [(p.off.key, p.on.key) for p in paired] == [(1, 1), (2, 2)]
-    assert paired[1].gain == pytest.approx(400 / 160)
-    top = headline(paired)
+def test_rows_follow_the_on_leg_with_off_where_measured() -> None:
+    measured = rows(RECORDS)
+    assert [(r.on.key, r.off.key if r.off else None) for r in measured] == [
+        (1, 1),
+        (2, 2),
+        (3, None),
+    ]
+    assert measured[1].gain == pytest.approx(400 / 160)
+    assert measured[2].gain is None and measured[2].floor_ms is None
+    top = headline(measured[:2])
     assert top.gain_at_longest == pytest.approx(2.5)
     assert top.on_flatness == pytest.approx(160 / 110)
     assert top.off_growth == pytest.approx(400 / 120)
     assert (top.shortest_tokens, top.longest_tokens) == (2000, 4000)
+    assert top.over_floor_at_longest is None, "no FLOOR leg in these records"
 
 
-def test_headline_needs_both_legs() -> None:
-    with pytest.raises(ValueError, match="both legs"):
-        headline(pairs(r for r in RECORDS if r.leg is Leg.ON))
+def test_headline_needs_the_on_leg() -> None:
+    with pytest.raises(ValueError, match="ON leg"):
+        headline(rows(r for r in RECORDS if r.leg is Leg.OFF))
+    assert headline(rows(r for r in RECORDS if r.leg is Leg.ON)).gain_at_longest is None
+
+
+def test_floor_is_floor_ttft_plus_on_read_time() -> None:
+    floor = [
+        record(Leg.FLOOR, "f", 1, 2000, 105, prefill_ms=84),
+        record(Leg.FLOOR, "f", 2, 4000, 130, prefill_ms=100),
+    ]
+    measured = rows(RECORDS + floor)
+    assert measured[0].floor_ms == 105, "turn 1 reads nothing: the floor is FLOOR's TTFT"
+    assert measured[1].floor_ms == 130 + 30
+    assert measured[1].over_floor == pytest.approx(160 / 160)
+    assert measured[0].over_floor == pytest.approx(110 / 105)
+    assert headline(measured[:2]).over_floor_at_longest == pytest.approx(1.0)
+
+
+def test_a_row_without_floor_has_no_ratio() -> None:
+    row = Row(Point(1, 2000, 100, 1, kv_transfer_ms=5))
+    assert (row.floor_ms, row.over_floor, row.gain) == (None, None, None)
 
 
 def test_bins_group_unequal_conversations_by_length() -> None:

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from disagg.bench.cli import bench_targets
+from disagg.bench.cli import bench_targets, parse_legs
 from disagg.bench.records import Leg
 from disagg.cli import build_parser
 
@@ -56,3 +56,26 @@ def test_bad_sweep_options_exit_2_naming_the_option(capsys: pytest.CaptureFixtur
     assert "--lengths" in capsys.readouterr().err
     assert main(["bench", "--router", "http://127.0.0.1:9", "--conversations", "0"]) == 2
     assert "--conversations" in capsys.readouterr().err
+
+
+def test_a_floor_router_adds_the_floor_leg_without_conversation_id() -> None:
+    assert parse("--router", "http://on", "--floor-router", "http://floor") == [
+        (Leg.OFF, "http://on", False),
+        (Leg.ON, "http://on", True),
+        (Leg.FLOOR, "http://floor", False),
+    ]
+    assert parse("--router", "http://on", "--floor-router", "http://f", "--legs", "on,floor") == [
+        (Leg.ON, "http://on", True),
+        (Leg.FLOOR, "http://f", False),
+    ]
+
+
+@pytest.mark.parametrize(("text", "legs"), [("both", {Leg.ON, Leg.OFF}), ("off", {Leg.OFF})])
+def test_legs_are_named(text: str, legs: set[Leg]) -> None:
+    assert parse_legs(text) == legs
+
+
+def test_an_unknown_leg_is_an_argument_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["bench", "--router", "http://r", "--legs", "on,ceiling"])
+    assert "must name legs from on, off, floor" in capsys.readouterr().err

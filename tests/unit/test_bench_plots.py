@@ -94,3 +94,34 @@ def test_prefill_figure_without_transfer_data_says_prefill_only() -> None:
 )
 def test_slug(model: str, expected: str) -> None:
     assert slug(model) == expected
+
+
+FLOOR = [Point(1, 2000, 805, 1, prefill_ms=690), Point(2, 4000, 600, 1, prefill_ms=500)]
+
+
+def test_ttft_figure_draws_the_floor_as_floor_ttft_plus_on_read() -> None:
+    axes = ttft_figure(ON, OFF, "m", floor=FLOOR).axes[0]
+    assert legend(axes)[-1] == "floor: prefix in prefill's own cache + ON's D->P read time"
+    floor_line = axes.get_lines()[-1]
+    assert line_data(floor_line) == ([2000, 4000], [805, 680])
+    assert any(text.get_text() == "ON/floor 1.32x" for text in axes.texts)
+
+
+def test_prefill_figure_has_a_third_bar_per_length_for_the_floor() -> None:
+    axes = prefill_figure(ON, OFF, "m", floor=FLOOR).axes[0]
+    assert legend(axes) == [
+        "OFF: compute",
+        "ON: compute",
+        "ON: KV transfer D->P",
+        "FLOOR: prefill, prefix in its own cache",
+        "FLOOR: + ON's D->P read time",
+    ]
+    off_bars, on_compute, _, floor_bars, floor_read = axes.containers
+    assert [bar.get_height() for bar in floor_bars] == [690, 500]
+    assert [bar.get_height() for bar in floor_read] == [0, 80]
+    assert [bar.get_y() for bar in floor_read] == [690, 500]
+    centres = [
+        bar.get_x() + bar.get_width() / 2 for bar in (off_bars[0], on_compute[0], floor_bars[0])
+    ]
+    assert centres == pytest.approx([-0.76 / 3, 0, 0.76 / 3])
+    assert "OFF vs ON vs floor" in axes.get_title()

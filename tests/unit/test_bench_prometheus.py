@@ -22,11 +22,19 @@ ENGINE_BEFORE = """vllm:nixl_xfer_time_seconds_sum{engine="0",model_name="m"} 0.
 vllm:nixl_xfer_time_seconds_count{engine="0",model_name="m"} 2.0
 vllm:nixl_bytes_transferred_sum{engine="0",model_name="m"} 1000.0
 vllm:disagg_kv_reused_tokens_total{engine="0",model_name="m"} 256.0
+vllm:prefix_cache_hits_total{engine="0",model_name="m"} 128.0
+vllm:request_queue_time_seconds_sum{engine="0",model_name="m"} 1.0
+vllm:request_queue_time_seconds_count{engine="0",model_name="m"} 4.0
+vllm:request_prefill_time_seconds_sum{engine="0",model_name="m"} 9.0
 """
 ENGINE_AFTER = """vllm:nixl_xfer_time_seconds_sum{engine="0",model_name="m"} 0.52
 vllm:nixl_xfer_time_seconds_count{engine="0",model_name="m"} 3.0
 vllm:nixl_bytes_transferred_sum{engine="0",model_name="m"} 5000.0
 vllm:disagg_kv_reused_tokens_total{engine="0",model_name="m"} 1280.0
+vllm:prefix_cache_hits_total{engine="0",model_name="m"} 128.0
+vllm:request_queue_time_seconds_sum{engine="0",model_name="m"} 1.03
+vllm:request_queue_time_seconds_count{engine="0",model_name="m"} 5.0
+vllm:request_prefill_time_seconds_sum{engine="0",model_name="m"} 9.7
 """
 
 
@@ -55,6 +63,10 @@ def test_deltas_attribute_one_request() -> None:
     assert deltas.lookup == "hit"
     assert round(deltas.kv_transfer_ms or 0, 6) == 20.0
     assert (deltas.kv_transfers, deltas.kv_bytes, deltas.reused_tokens) == (1.0, 4000.0, 1024.0)
+    assert deltas.cached_tokens == 0.0, "prefill found nothing of this prompt in its own cache"
+    assert round(deltas.queue_ms or 0, 6) == 30.0, "arrival to first step, the read included"
+    assert round(deltas.engine_prefill_ms or 0, 6) == 700.0
+    assert deltas.engine_requests == 1.0
 
 
 def test_deltas_without_engines_or_with_overlapping_requests_are_unknown() -> None:
@@ -62,4 +74,5 @@ def test_deltas_without_engines_or_with_overlapping_requests_are_unknown() -> No
     deltas = compute_deltas(snapshot(ROUTER_BEFORE, ""), snapshot(two, ""), engines=False)
     assert deltas.prefill_ms is None, "two prefills in between: not one request's duration"
     assert deltas.kv_transfer_ms is None and deltas.reused_tokens is None
+    assert deltas.queue_ms is None and deltas.cached_tokens is None
     assert deltas.lookup == "hit"

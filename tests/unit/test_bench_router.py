@@ -81,3 +81,34 @@ def test_off_leg_on_a_second_deployment_sends_the_id_and_misses(tmp_path: Path) 
     assert len(received) == 4, "two probes and two turns reached the OFF prefill"
     assert warmed == 4, "the ON deployment got the same two warm-up probes"
     assert all("conversation_id" not in body for body in received), "stripped by the router"
+
+
+def test_floor_leg_runs_on_its_own_deployment_without_the_id(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The FLOOR leg: no conversation id, and a system prompt naming the run (no stale cache)."""
+    out = tmp_path / "out"
+    with router_rig(prefills=1, decodes=1) as on, router_rig(prefills=1, decodes=1) as floor:
+        argv = ["bench", "--router", on.routers[0].url, "--floor-router", floor.routers[0].url]
+        argv += ["--lengths", "200,400", "--answer-tokens", "4"]
+        assert main([*argv, "--json-dir", str(out), "--figure-dir", str(out)]) == 0
+        received = list(floor.prefill[0].state.received)
+        on_received = list(on.prefill[0].state.received)
+    result = BenchResult.load(out / "ttft-standin-model.json")
+    legs = [r.leg for r in result.records]
+    assert legs == [Leg.OFF, Leg.OFF, Leg.ON, Leg.FLOOR, Leg.FLOOR, Leg.ON], "turn by turn"
+    assert [r.lookup for r in result.leg(Leg.FLOOR)] == ["no_key", "no_key"]
+    assert "prefix caching on" in result.setup["legs"]["floor"]
+    turns = received[2:]
+    assert len(turns) == 2 and all("conversation_id" not in body for body in turns)
+    run_id = result.records[-1].conversation.split("-")[1]
+    assert all(body["messages"][0]["content"].endswith(f"Run {run_id}.") for body in turns)
+    assert all("Run " not in body["messages"][0]["content"] for body in on_received)
+    printed = capsys.readouterr().out
+    assert re.search(r"ON/floor at 39\d tokens: \d+\.\d\dx", printed), printed
+    assert "TTFT floor" in printed
+
+
+def test_floor_leg_needs_its_router(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "--router", "http://127.0.0.1:9", "--legs", "on,floor"]) == 2
+    assert "--legs floor needs --floor-router" in capsys.readouterr().err

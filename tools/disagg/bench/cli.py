@@ -16,6 +16,23 @@ if TYPE_CHECKING:
 DEFAULT_LENGTHS = "2k:24k:2k"
 
 
+def parse_legs(text: str) -> frozenset[Leg]:
+    """``on,off,floor`` (any of them, comma-separated) or ``both`` (on and off)."""
+    if text.strip() == "both":
+        return frozenset({Leg.ON, Leg.OFF})
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    known = ", ".join(leg.value for leg in Leg)
+    try:
+        legs = frozenset(Leg(name) for name in names)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--legs: {text!r} must name legs from {known} (or 'both')"
+        ) from None
+    if not legs:
+        raise argparse.ArgumentTypeError(f"--legs: name at least one of {known}")
+    return legs
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Declare ``disagg bench``'s options (no heavy imports)."""
     target = parser.add_argument_group("what to measure")
@@ -26,7 +43,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="router of a second deployment with bidirectional transfer off (OFF leg); "
         "default: the --router deployment without conversation_id, so prefill recomputes",
     )
-    target.add_argument("--legs", choices=["both", "on", "off"], default="both")
+    target.add_argument(
+        "--floor-router",
+        metavar="URL",
+        help="router of a deployment whose prefill has prefix caching on (FLOOR leg: each turn "
+        "finds the previous prompt in prefill's own cache, the floor of the reuse path)",
+    )
+    target.add_argument(
+        "--legs",
+        type=parse_legs,
+        default=None,
+        help="legs to run, comma-separated from on, off, floor ('both': on,off); default on,off "
+        "and floor when --floor-router is set",
+    )
     target.add_argument(
         "--prefill-metrics",
         action="append",
@@ -41,6 +70,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=[],
         metavar="URL",
         help="prefill engines of the --off-router deployment",
+    )
+    target.add_argument(
+        "--floor-prefill-metrics",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="prefill engines of the --floor-router deployment (their prefix-cache hits)",
     )
     target.add_argument("--model", help="model name to request (default: the router's first)")
 
@@ -138,7 +174,7 @@ def _run_router(args: argparse.Namespace) -> int:
     from disagg.bench.client import ChatClient
     from disagg.bench.progress import Progress
     from disagg.bench.report import summary, write_outputs
-    from disagg.bench.runner import Sweep, calibrate, plan_sweep, run_leg
+    from disagg.bench.runner import Sweep, calibrate, plan_sweep, run_interleaved, run_leg
     from disagg.bench.workload import parse_lengths
 
     if args.conversations < 1 or args.answer_tokens < 1:
@@ -171,7 +207,10 @@ def _run_router(args: argparse.Namespace) -> int:
         },
     )
     for target in targets:
-        result.records += run_leg(target, model, sweep, plans, progress, run_id)
+        if target.leg is Leg.OFF:
+            result.records += run_leg(target, model, sweep, plans, progress, run_id)
+    together = [target for target in targets if target.leg is not Leg.OFF]
+    result.records += run_interleaved(together, model, sweep, plans, progress, run_id)
     outputs = write_outputs(result, args.json_dir, args.figure_dir, subtitle=args.subtitle)
     print(summary(result))
     _print_outputs(outputs.json_path, outputs.figures)
@@ -179,15 +218,27 @@ def _run_router(args: argparse.Namespace) -> int:
 
 
 def bench_targets(args: argparse.Namespace) -> list[LegTarget]:
-    """The legs to run, OFF first (it never leaves KV behind for the ON leg to find)."""
+    """The legs to run: OFF first (it never leaves KV behind for the ON leg to find), then ON
+    and FLOOR turn by turn (each on its own deployment)."""
     from disagg.bench import runner
 
+    legs: frozenset[Leg] = args.legs or frozenset(
+        {Leg.ON, Leg.OFF, *([Leg.FLOOR] if args.floor_router else [])}
+    )
+    if Leg.FLOOR in legs and not args.floor_router:
+        raise ValueError(
+            "--legs floor needs --floor-router URL: a deployment whose prefill has prefix "
+            "caching on"
+        )
     on = runner.LegTarget(Leg.ON, args.router, True, list(args.prefill_metrics))
     if args.off_router:
         off = runner.LegTarget(Leg.OFF, args.off_router, True, list(args.off_prefill_metrics))
     else:
         off = runner.LegTarget(Leg.OFF, args.router, False, list(args.prefill_metrics))
-    return {"both": [off, on], "on": [on], "off": [off]}[args.legs]
+    floor = runner.LegTarget(
+        Leg.FLOOR, args.floor_router or "", False, list(args.floor_prefill_metrics)
+    )
+    return [target for target in (off, on, floor) if target.leg in legs]
 
 
 def _print_outputs(json_path: Path | None, figures: list[Path]) -> None:

@@ -17,6 +17,9 @@ ROUTER_LOOKUPS = "disagg_router_conversation_lookups_total"
 NIXL_XFER = "vllm:nixl_xfer_time_seconds"
 NIXL_BYTES = "vllm:nixl_bytes_transferred_sum"
 REUSED_TOKENS = "vllm:disagg_kv_reused_tokens_total"
+PREFIX_CACHE_HITS = "vllm:prefix_cache_hits_total"
+QUEUE_TIME = "vllm:request_queue_time_seconds"
+ENGINE_PREFILL_TIME = "vllm:request_prefill_time_seconds"
 
 
 @dataclass(frozen=True)
@@ -121,6 +124,10 @@ class Deltas:
     kv_transfers: float | None
     kv_bytes: float | None
     reused_tokens: float | None
+    cached_tokens: float | None
+    queue_ms: float | None
+    engine_prefill_ms: float | None
+    engine_requests: float | None
 
 
 class MetricsProbe:
@@ -150,16 +157,18 @@ class MetricsProbe:
         return compute_deltas(before, after, engines=bool(self._prefill))
 
     def settle(self, before: Snapshot, wait_s: float = 3.0) -> Snapshot:
-        """Snapshot after a request; waits briefly for prefill's transfer stats to land.
+        """Snapshot after a request; waits briefly for prefill's stats to land.
 
         vLLM publishes connector stats with a later engine step than the request's own, so a
-        D->P read can show up in ``/metrics`` a moment after the turn ended.
+        D->P read can show up in ``/metrics`` a moment after the turn ended; the request's own
+        timings land when prefill has finished it.
         """
         deadline = time.monotonic() + wait_s
         while True:
             after = self.snapshot()
             delta = self.deltas(before, after)
-            waiting = delta.lookup == "hit" and not delta.kv_transfers and self._prefill
+            unread = delta.lookup == "hit" and not delta.kv_transfers
+            waiting = bool(self._prefill) and (unread or not delta.engine_requests)
             if not waiting or time.monotonic() > deadline:
                 return after
             time.sleep(0.2)
@@ -179,7 +188,7 @@ def compute_deltas(before: Snapshot, after: Snapshot, engines: bool) -> Deltas:
     changed = [result for result, value in new.items() if value - old.get(result, 0.0) > 0]
     lookup = changed[0] if len(changed) == 1 else None
     if not engines:
-        return Deltas(prefill_ms, lookup, None, None, None, None)
+        return Deltas(prefill_ms, lookup, *([None] * 8))
     prefill = (before.prefill, after.prefill)
     return Deltas(
         prefill_ms=prefill_ms,
@@ -188,4 +197,8 @@ def compute_deltas(before: Snapshot, after: Snapshot, engines: bool) -> Deltas:
         kv_transfers=grew(prefill, NIXL_XFER + "_count"),
         kv_bytes=grew(prefill, NIXL_BYTES),
         reused_tokens=grew(prefill, REUSED_TOKENS),
+        cached_tokens=grew(prefill, PREFIX_CACHE_HITS),
+        queue_ms=grew(prefill, QUEUE_TIME + "_sum") * 1000,
+        engine_prefill_ms=grew(prefill, ENGINE_PREFILL_TIME + "_sum") * 1000,
+        engine_requests=grew(prefill, QUEUE_TIME + "_count"),
     )

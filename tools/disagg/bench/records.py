@@ -12,10 +12,15 @@ SCHEMA = "disagg-bench/v1"
 
 
 class Leg(StrEnum):
-    """The two legs of a run: KV reuse on (bidirectional) and off (recompute)."""
+    """The legs of a run: KV reuse on (bidirectional), off (recompute), and the reuse floor.
+
+    FLOOR is the reuse path's floor: a prefill that finds the previous turn's prompt in its own
+    prefix cache computes only what ON computes, with no D->P read and no coordination.
+    """
 
     ON = "on"
     OFF = "off"
+    FLOOR = "floor"
 
 
 @dataclass(frozen=True)
@@ -23,7 +28,11 @@ class TurnRecord:
     """One request of one conversation, as measured by the client and the servers' metrics.
 
     ``prefill_ms`` is the router's prefill call duration, ``kv_transfer_ms`` the time prefill's
-    NIXL reads of decode's KV took (D->P); ``None`` where the source was not available.
+    NIXL reads of decode's KV took (D->P), ``kv_bytes`` their bytes, ``reused_tokens`` the
+    prompt tokens they covered and ``cached_tokens`` those prefill found in its own prefix
+    cache. ``queue_ms`` is the prefill engine's time from the request's arrival to its first
+    computing step (an asynchronous D->P read included), ``engine_prefill_ms`` from there to its
+    first token. ``None`` where the source was not available.
     """
 
     leg: Leg
@@ -37,6 +46,9 @@ class TurnRecord:
     kv_transfer_ms: float | None = None
     kv_bytes: float | None = None
     reused_tokens: float | None = None
+    cached_tokens: float | None = None
+    queue_ms: float | None = None
+    engine_prefill_ms: float | None = None
     lookup: str | None = None
 
     def to_json(self) -> dict[str, Any]:
@@ -81,6 +93,8 @@ class BenchResult:
     def load(cls, path: Path) -> BenchResult:
         """Read a result written by :meth:`save`."""
         data = json.loads(path.read_text())
+        if not isinstance(data, dict):
+            raise ValueError(f"{path}: expected a JSON object with field 'schema' {SCHEMA!r}")
         if data.get("schema") != SCHEMA:
             raise ValueError(
                 f"{path}: field 'schema' must be {SCHEMA!r}, got {data.get('schema')!r}"

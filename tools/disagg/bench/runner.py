@@ -7,6 +7,7 @@ duration, D->P transfer time, reused tokens) is the difference of two ``/metrics
 from __future__ import annotations
 
 import uuid
+from collections.abc import Generator
 from dataclasses import dataclass, field
 
 from disagg.bench.client import ChatClient, MetricsProbe
@@ -31,6 +32,11 @@ class LegTarget:
         """How the leg was run, for the JSON and the figures."""
         if self.leg is Leg.ON:
             return f"router {self.router_url} with conversation_id (bidirectional KV reuse)"
+        if self.leg is Leg.FLOOR:
+            return (
+                f"router {self.router_url} without conversation_id, prefill with prefix caching "
+                "on: each turn finds the previous prompt in prefill's own cache (the floor)"
+            )
         if self.send_conversation_id:
             return f"router {self.router_url} of a deployment with bidirectional transfer off"
         return (
@@ -80,26 +86,32 @@ def _messages(system: str, history: list[tuple[str, str]], new_user: str) -> lis
     return messages
 
 
-def run_leg(
+def leg_turns(
     target: LegTarget,
     model: str,
     sweep: Sweep,
     plans: list[TurnPlan],
     progress: Progress,
     run_id: str | None = None,
-) -> list[TurnRecord]:
-    """Every conversation of ``sweep`` through ``target``, returning one record per turn."""
+) -> Generator[TurnRecord, None, None]:
+    """Every conversation of ``sweep`` through ``target``, one record per turn as it is taken.
+
+    The FLOOR leg's system prompt names the run, so that its prefill's cache holds no earlier
+    run's or leg's turns: each turn finds only this conversation's previous prompt there.
+    """
     run_id = run_id or uuid.uuid4().hex[:8]
+    system = sweep.system_prompt
+    if target.leg is Leg.FLOOR:
+        system = f"{system} Run {run_id}."
     client = ChatClient(target.router_url)
     probe = MetricsProbe(target.router_url, target.prefill_metrics_urls)
-    records: list[TurnRecord] = []
     try:
         for index in range(sweep.conversations):
             conversation = f"bench-{run_id}-{target.leg.value}-{index}"
             history: list[tuple[str, str]] = []
             for plan in plans:
                 text = user_text(f"{sweep.seed}-{index}-{plan.turn}", plan.new_words)
-                messages = _messages(sweep.system_prompt, history, text)
+                messages = _messages(system, history, text)
                 before = probe.snapshot()
                 conversation_id = conversation if target.send_conversation_id else None
                 reply = client.turn(model, messages, sweep.answer_tokens, conversation_id)
@@ -117,18 +129,59 @@ def run_leg(
                     kv_transfer_ms=deltas.kv_transfer_ms,
                     kv_bytes=deltas.kv_bytes,
                     reused_tokens=deltas.reused_tokens,
+                    cached_tokens=deltas.cached_tokens,
+                    queue_ms=deltas.queue_ms,
+                    engine_prefill_ms=deltas.engine_prefill_ms,
                     lookup=deltas.lookup,
                 )
-                records.append(record)
                 progress.step(
                     f"{target.leg.value.upper()} conv {index + 1} turn {plan.turn}: "
                     f"{reply.prompt_tokens} tokens, TTFT {reply.ttft_ms / 1000:.2f} s"
                     + (f" ({deltas.lookup})" if deltas.lookup else "")
                 )
+                yield record
     finally:
         client.close()
         probe.close()
-    return records
+
+
+def run_leg(
+    target: LegTarget,
+    model: str,
+    sweep: Sweep,
+    plans: list[TurnPlan],
+    progress: Progress,
+    run_id: str | None = None,
+) -> list[TurnRecord]:
+    """Every conversation of ``sweep`` through ``target``, returning one record per turn."""
+    return list(leg_turns(target, model, sweep, plans, progress, run_id))
+
+
+def run_interleaved(
+    targets: list[LegTarget],
+    model: str,
+    sweep: Sweep,
+    plans: list[TurnPlan],
+    progress: Progress,
+    run_id: str | None = None,
+) -> list[TurnRecord]:
+    """The legs of ``targets`` (each its own deployment) turn by turn, alternating which goes
+    first, so that load drift on a shared machine hits the legs alike and their TTFTs at one
+    length are taken moments apart."""
+    turns = [leg_turns(t, model, sweep, plans, progress, run_id) for t in targets]
+    records: list[TurnRecord] = []
+    first_goes_first = True
+    try:
+        while True:
+            order = turns if first_goes_first else turns[::-1]
+            taken = [record for record in (next(leg, None) for leg in order) if record]
+            if not taken:
+                return records
+            records += taken
+            first_goes_first = not first_goes_first
+    finally:
+        for leg in turns:
+            leg.close()
 
 
 def plan_sweep(client: ChatClient, model: str, sweep: Sweep) -> tuple[Calibration, list[TurnPlan]]:
