@@ -47,11 +47,16 @@ NODE_HOST_LINK=disagg-n0
 NODE_HOST_IP=10.89.0.1
 NODE_IP=10.89.0.2
 NODE_LINK_PREFIX=30
+# first_host CIDR: the range's first address (the bridge's, the `kubernetes` Service's).
+first_host() {
+    local base=${1%/*}
+    echo "${base%.*}.$((${base##*.} + 1))"
+}
 POD_CIDR=10.88.0.0/24
-POD_GATEWAY=10.88.0.1
-# The API server's Service range (its --service-cluster-ip-range) and the `kubernetes` Service.
+POD_GATEWAY=$(first_host "$POD_CIDR")
+# The API server's Service range (its --service-cluster-ip-range).
 SERVICE_CIDR=10.0.0.0/24
-KUBERNETES_SERVICE_IP=10.0.0.1
+KUBERNETES_SERVICE_IP=$(first_host "$SERVICE_CIDR")
 # Pods tolerate this taint to run on the real node; nothing else lands there.
 NODE_TAINT=disagg.dev/real-node=true:NoSchedule
 # The images' buildah storage and base rootfs (node/images.sh), shared by every cluster.
@@ -61,7 +66,7 @@ REAL_NODE="${DISAGG_REAL_NODE:-0}"
 if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then
     for var in KUBE_VERSION ETCD_VERSION KWOK_VERSION HELM_VERSION CLUSTER_BIN CLUSTER_NAME \
         CLUSTER_STATE CLUSTER_KUBECONFIG CONTAINERD_VERSION CNI_PLUGINS_VERSION NODE_BIN \
-        NODE_STATE NODE_NAME NODE_IP POD_CIDR SERVICE_CIDR NODE_TAINT IMAGE_STATE REAL_NODE; do
+        NODE_STATE NODE_NAME NODE_NETNS NODE_IP POD_CIDR SERVICE_CIDR NODE_TAINT IMAGE_STATE REAL_NODE; do
         echo "$var=${!var}"
     done
 fi

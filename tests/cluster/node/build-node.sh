@@ -54,8 +54,8 @@ tmp="$NODE_BIN.tmp"
 rm -rf "$tmp"
 mkdir -p "$tmp"
 echo "node-bin: building $key (waits for /tmp/disagg-heavy.lock)"
-exec 9>/tmp/disagg-heavy.lock
-flock 9
+source "$NODE_SRC/heavy-lock.sh"
+heavy_lock
 compile=$(date +%s)
 build() {
     local module=$1 ldflags=$2
