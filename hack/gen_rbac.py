@@ -6,6 +6,12 @@ stale). The file has three lists: `namespaced` (needed in every watched namespac
 `peering.namespaced` and `peering.clusterwide` (kopf's peering, for a Role per namespace or the
 ClusterRole); its header says the same. The chart's `templates/rbac.yaml` builds a Role per
 namespace or one ClusterRole from them, dropping the Secrets rule unless `rbac.readSecrets`.
+
+Secrets are only read and created by name, never listed, watched, updated or deleted: the
+operator checks the Secrets a spec names and creates each model's generated keys
+(:mod:`disagg_operator.model_keys`) when absent. RBAC cannot narrow `create` or a per-model `get`
+to names not known in advance; `create` on Secrets gives no power the operator lacks otherwise,
+since the workloads it creates can already mount any Secret of their namespace.
 """
 
 from __future__ import annotations
@@ -69,8 +75,9 @@ def namespaced_rules() -> list[Rule]:
         *_by_group(CHILD_RESOURCES, APPLY),
         # Pod conditions explain why a role is not ready.
         _rule([PODS], READ),
-        # Only read by name: do the Secrets the spec names (tokenSecret, apiKeySecret) exist?
-        _rule([SECRETS], ["get"]),
+        # By name only: do the Secrets the spec names exist, and each model's generated keys
+        # (created when absent, never written again)?
+        _rule([SECRETS], ["get", "create"]),
         _rule([EVENTS], ["create"]),
         # RBAC escalation check: the operator holds every permission it grants a router.
         *copy.deepcopy(ROUTER_RULES),

@@ -7,16 +7,26 @@ all derive from these models.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import ConfigDict, Field, PlainValidator, StringConstraints, WithJsonSchema
+from pydantic import (
+    AfterValidator,
+    ConfigDict,
+    Field,
+    PlainValidator,
+    StringConstraints,
+    WithJsonSchema,
+)
 
 from disagg_contract import (
     ENGINE_API_KEY_ENV,
     ENGINE_PORT,
     EXPIRY_MARGIN_S,
     MANAGED_VLLM_FLAGS,
+    OFFER_KEY_ENV,
+    OFFER_KEY_FILE_ENV,
     ROUTER_PORT,
     SIDE_CHANNEL_HOST_ENV,
     SIDE_CHANNEL_PORT,
@@ -54,19 +64,25 @@ MANAGED_FLAGS_MESSAGE = (
     "--served-model-name, --revision, --dtype, --max-model-len: spec.model; "
     "--tensor-parallel-size, -tp, --max-num-seqs, --enable-prefix-caching, "
     "--no-enable-prefix-caching, --disable-prefix-caching: this role's tensorParallelSize, "
-    "maxNumSeqs, prefixCaching; --api-key: spec.auth.apiKeySecret) or drop it (--port, "
-    "--kv-transfer-config, --enable-prompt-tokens-details, --no-enable-prompt-tokens-details, "
+    "maxNumSeqs, prefixCaching) or drop it (--port, --api-key, --kv-transfer-config, "
+    "--enable-prompt-tokens-details, --no-enable-prompt-tokens-details, "
     "--disable-prompt-tokens-details: the operator fixes them)"
 )
 """Why `extraArgs` may not set a managed flag: the API server's words, the models add which."""
 
 HASH_SEED_ENV = "PYTHONHASHSEED"
 """Python's hash seed, equal in every pod of one model (hash-based KV bookkeeping must agree)."""
-RESERVED_ENV = (HASH_SEED_ENV, SIDE_CHANNEL_HOST_ENV, SIDE_CHANNEL_PORT_ENV)
+RESERVED_ENV = (
+    HASH_SEED_ENV,
+    SIDE_CHANNEL_HOST_ENV,
+    SIDE_CHANNEL_PORT_ENV,
+    OFFER_KEY_FILE_ENV,
+    OFFER_KEY_ENV,
+)
 """Environment the operator owns: it must agree across prefill and decode pods."""
 
 API_KEY_FIX = MANAGED_VLLM_FLAGS["--api-key"]
-"""Why the API key is not set per role (in `extraArgs` or `env`)."""
+"""Why the engines' API key is not set per role (in `extraArgs` or `env`)."""
 
 RESERVED_LABEL_PREFIX = "app.kubernetes.io/"
 
@@ -257,6 +273,100 @@ class ResourceOverrides(ApiModel):
     )
 
 
+CIDR_PATTERN = r"^[0-9a-fA-F.:]+/[0-9]{1,3}$"
+"""The shape of an IPv4 or IPv6 CIDR for the API server; the models parse it fully."""
+
+
+def _check_cidr(value: str) -> str:
+    """Accept an IPv4 or IPv6 CIDR such as 10.0.0.0/8 (host bits allowed, as Kubernetes does)."""
+    try:
+        ipaddress.ip_network(value, strict=False)
+    except ValueError:
+        raise ValueError("must be an IPv4 or IPv6 CIDR such as 10.0.0.0/8") from None
+    return value
+
+
+Cidr = Annotated[
+    str, StringConstraints(max_length=64, pattern=CIDR_PATTERN), AfterValidator(_check_cidr)
+]
+
+
+class LabelSelectorRequirement(ApiModel):
+    """One expression of a label selector (as in Kubernetes' LabelSelectorRequirement)."""
+
+    rules = (
+        CrossFieldRule(
+            field="values",
+            message="In and NotIn need values; Exists and DoesNotExist take none",
+            cel="(self.operator in ['In', 'NotIn']) == (has(self.values) && size(self.values) > 0)",
+            check=lambda m: (m.operator in ("In", "NotIn")) == bool(m.values),
+        ),
+    )
+
+    key: LabelKey = Field(description="Label key.")
+    operator: Literal["In", "NotIn", "Exists", "DoesNotExist"] = Field(
+        description="In, NotIn, Exists or DoesNotExist."
+    )
+    values: list[LabelValue] = Field(
+        default_factory=list, max_length=64, description="Label values (In and NotIn only)."
+    )
+
+
+class LabelSelector(ApiModel):
+    """A Kubernetes label selector; empty, it selects everything."""
+
+    match_labels: dict[LabelKey, LabelValue] = Field(
+        default_factory=dict, max_length=32, description="Labels the object must carry."
+    )
+    match_expressions: list[LabelSelectorRequirement] = Field(
+        default_factory=list, max_length=16, description="Expressions the labels must satisfy."
+    )
+
+
+class IpBlock(ApiModel):
+    """Addresses outside the cluster's pods (NetworkPolicy ipBlock)."""
+
+    cidr: Cidr = Field(description="Allowed range, e.g. 10.0.0.0/8.")
+    except_: list[Cidr] = Field(
+        default_factory=list,
+        alias="except",
+        max_length=32,
+        description="Ranges inside cidr that are not allowed.",
+    )
+
+
+class NetworkPeer(ApiModel):
+    """Who may connect: pods (by pod and/or namespace labels) or an address range, as one
+    `from` entry of a Kubernetes NetworkPolicy."""
+
+    rules = (
+        CrossFieldRule(
+            field="ipBlock",
+            message="set ipBlock, or podSelector and/or namespaceSelector, not both kinds",
+            cel="has(self.ipBlock) != (has(self.podSelector) || has(self.namespaceSelector))",
+            check=lambda m: (
+                (m.ip_block is not None)
+                != (m.pod_selector is not None or m.namespace_selector is not None)
+            ),
+        ),
+    )
+
+    pod_selector: LabelSelector | None = Field(
+        None,
+        description="Pods with these labels, in the model's namespace unless namespaceSelector "
+        "is set too ({} is every pod).",
+    )
+    namespace_selector: LabelSelector | None = Field(
+        None,
+        description="Every pod of the namespaces with these labels ({} is every namespace); "
+        "with podSelector, only those pods.",
+    )
+    ip_block: IpBlock | None = Field(None, description="An address range.")
+
+
+Peers = Annotated[list[NetworkPeer], Field(max_length=32)]
+
+
 _RESERVED_ENV_CEL = "[" + ", ".join(f"'{name}'" for name in RESERVED_ENV) + "]"
 
 
@@ -361,6 +471,12 @@ class RoleSpec(ApiModel):
     )
     pod_labels: dict[LabelKey, LabelValue] = Field(
         default_factory=dict, max_length=32, description="Extra pod labels."
+    )
+    allowed_from: Peers = Field(
+        default_factory=list,
+        description=f"Who besides the model's router pods may reach this role's vLLM port "
+        f"({ENGINE_PORT}) through its NetworkPolicy, e.g. a Prometheus scraping /metrics "
+        "(the /v1 routes still require the engine credential). Default: nobody else.",
     )
 
     @property
@@ -467,16 +583,50 @@ class RouterSpec(ApiModel):
         description="Redis/Valkey protocol shared conversation store, required for more than one "
         "replica. Without it each router keeps conversations in memory.",
     )
+    allowed_from: Peers = Field(
+        default_factory=list,
+        description="Who may reach the router's port through its NetworkPolicy (pods by labels, "
+        "or address ranges). Default: anyone.",
+    )
+
+
+class SecretRef(ApiModel):
+    """A Secret in the model's namespace, with every key it holds."""
+
+    name: ObjectName = Field(description="Secret name.")
 
 
 class AuthSpec(ApiModel):
-    """Who may call the model's OpenAI API."""
+    """Who may call the model's OpenAI API: client keys, each naming a tenant.
 
-    api_key_secret: SecretKeyRef = Field(
-        description="Secret key holding the API key. Clients must send it to the router as "
-        "`Authorization: Bearer <key>` (else 401; only /health and /metrics stay open); "
-        "prefill and decode get it as VLLM_API_KEY and the router sends it on every engine "
-        "call. The Secret must exist in the model's namespace."
+    Clients send a key to the router as `Authorization: Bearer <key>` (else 401; only /health
+    and /metrics stay open). Each tenant is its own conversation scope. Client keys never
+    reach the engines: they accept only the engine credential the operator generates.
+    """
+
+    rules = (
+        CrossFieldRule(
+            field="apiKeySecret",
+            message="set apiKeySecret, clientKeysSecret or both",
+            cel="has(self.apiKeySecret) || has(self.clientKeysSecret)",
+            check=lambda m: m.api_key_secret is not None or m.client_keys_secret is not None,
+        ),
+    )
+
+    api_key_secret: SecretKeyRef | None = Field(
+        None,
+        description="Secret key holding one client key, of the tenant `default`. The router "
+        "reads it at start-up (restart the router Deployment after changing it). The Secret "
+        "must exist in the model's namespace.",
+    )
+    client_keys_secret: SecretRef | None = Field(
+        None,
+        description="Secret in which every key is one client key: the key's name is the "
+        "tenant, its value the key (a key named default is a second key of apiKeySecret's "
+        "tenant). Mounted into the router, which reads it again every few seconds: a key "
+        "added to or removed from the Secret is taken or refused without a restart, once the "
+        "kubelet has synced the mount. The Secret must exist in the model's namespace and "
+        "hold at least one key.",
     )
 
 
@@ -551,8 +701,9 @@ class DisaggregatedModelSpec(ApiModel):
     router: RouterSpec = Field(default_factory=RouterSpec, description="The router.")
     auth: AuthSpec | None = Field(
         None,
-        description="API-key protection of the router and the engines. Without it "
-        "anyone who reaches the router Service can call the model.",
+        description="Client keys the router requires. Without it anyone who reaches the "
+        "router Service can call the model (the engines always require the operator's engine "
+        "credential, which only the router holds).",
     )
     efa: EfaSpec = Field(default_factory=EfaSpec, description="AWS EFA settings.")
 

@@ -22,6 +22,10 @@ class Component(StrEnum):
     DECODE = Role.DECODE.value
     ROUTER = "router"
     CONNECTOR = "connector"
+    OFFER_KEY = "offer-key"
+    """The offer-signing Secret: prefill and decode only."""
+    ENGINE_KEY = "engine-key"
+    """The engine credential Secret: the engines require it, the router sends it."""
 
 
 ROLES = (Component.PREFILL, Component.DECODE)
@@ -51,6 +55,12 @@ def instance_labels(name: str) -> dict[str, str]:
 def selector_labels(name: str, component: Component) -> dict[str, str]:
     """The labels that select one component's pods."""
     return {**instance_labels(name), COMPONENT_LABEL: str(component)}
+
+
+def redis_prefix(name: str, namespace: str) -> str:
+    """The model's own Redis key prefix: names and namespaces are DNS labels (no `:`), so two
+    models sharing one Redis never read each other's conversations."""
+    return f"disagg:{namespace}:{name}:conv:"
 
 
 def labels(name: str, component: Component) -> dict[str, str]:

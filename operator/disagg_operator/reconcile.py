@@ -31,10 +31,12 @@ from disagg_operator.errors import SpecError
 from disagg_operator.kubeapi import ApiException, KubeApi
 from disagg_operator.loading import load_spec
 from disagg_operator.metrics import OperatorMetrics
+from disagg_operator.model_keys import ensure_model_keys
 from disagg_operator.models import (
     DisaggregatedModelSpec,
     DisaggregatedModelStatus,
     SecretKeyRef,
+    SecretRef,
 )
 from disagg_operator.names import ROLES, Component, child_name
 from disagg_operator.render import render
@@ -298,7 +300,8 @@ class Reconciler:
             outcome.status = rejected_status(previous, problem, generation, _now())
             self._write_status(owner, previous_dict, outcome)
             return outcome
-        outcome = Outcome(problems=self._prerequisites(spec, meta["namespace"]))
+        keys = ensure_model_keys(self._api, owner, self._log)
+        outcome = Outcome(problems=[*keys, *self._prerequisites(spec, meta["namespace"])])
         if not outcome.problems:
             self._apply_all(desired, current, uid, outcome)
         name = meta["name"]
@@ -331,7 +334,9 @@ class Reconciler:
                 problems.append(problem)
         return problems
 
-    def _check_secret(self, field_path: str, ref: SecretKeyRef, namespace: str) -> Problem | None:
+    def _check_secret(
+        self, field_path: str, ref: SecretKeyRef | SecretRef, namespace: str
+    ) -> Problem | None:
         """A problem when the Secret `field_path` names, or its key, is missing or empty."""
         try:
             secret = self._api.get(SECRETS, namespace, ref.name)
@@ -401,17 +406,31 @@ class Reconciler:
 
 
 def secret_problem(
-    field_path: str, ref: SecretKeyRef, namespace: str, secret: Mapping[str, Any] | None
+    field_path: str,
+    ref: SecretKeyRef | SecretRef,
+    namespace: str,
+    secret: Mapping[str, Any] | None,
 ) -> Problem | None:
-    """What keeps pods from reading ``ref`` from ``secret`` (None: the Secret is missing)."""
+    """What keeps pods from reading ``ref`` from ``secret`` (None: the Secret is missing).
+
+    A ``SecretRef`` names a whole Secret (every key one client key): it needs a non-empty key.
+    """
+    literal = f"{ref.key}=<value>" if isinstance(ref, SecretKeyRef) else "<tenant>=<key>"
     if secret is None:
         return Problem(
             "SecretNotFound",
             f"Secret {ref.name} named by {field_path} does not exist in namespace "
             f"{namespace}: create it (kubectl -n {namespace} create secret generic "
-            f"{ref.name} --from-literal={ref.key}=<value>)",
+            f"{ref.name} --from-literal={literal})",
         )
     data = secret.get("data") or {}
+    if isinstance(ref, SecretRef):
+        if any(data.values()):
+            return None
+        return Problem(
+            "SecretKeyNotFound",
+            f"Secret {ref.name} named by {field_path} holds no key: add one per tenant ({literal})",
+        )
     if ref.key not in data:
         return Problem(
             "SecretKeyNotFound",
@@ -426,11 +445,14 @@ def secret_problem(
     return None
 
 
-def secret_refs(spec: DisaggregatedModelSpec) -> list[tuple[str, SecretKeyRef]]:
-    """The Secret keys pods read, by the spec field that names them."""
-    refs = [("spec.model.tokenSecret", spec.model.token_secret)]
+def secret_refs(spec: DisaggregatedModelSpec) -> list[tuple[str, SecretKeyRef | SecretRef]]:
+    """The Secrets (or Secret keys) pods read, by the spec field that names them."""
+    refs: list[tuple[str, SecretKeyRef | SecretRef | None]] = [
+        ("spec.model.tokenSecret", spec.model.token_secret)
+    ]
     if spec.auth is not None:
         refs.append(("spec.auth.apiKeySecret", spec.auth.api_key_secret))
+        refs.append(("spec.auth.clientKeysSecret", spec.auth.client_keys_secret))
     return [(field_path, ref) for field_path, ref in refs if ref is not None]
 
 

@@ -16,12 +16,17 @@ import jinja2
 import yaml
 
 from disagg_contract import (
+    CLIENT_KEYS_DIR,
     ENGINE_API_KEY_ENV,
+    ENGINE_KEY_DIR,
     ENGINE_PORT,
     EXTRA_ARGS_MARKER,
     FI_PROVIDER_ENV,
+    OFFER_KEY_DIR,
+    OFFER_KEY_FILE_ENV,
     ROUTER_API_KEY_ENV,
     ROUTER_REDIS_URL_ENV,
+    SECRET_KEY_NAME,
     SIDE_CHANNEL_HOST_ENV,
     SIDE_CHANNEL_PORT_ENV,
     Role,
@@ -36,6 +41,7 @@ from disagg_operator.models import (
     HASH_SEED_ENV,
     MODEL_MOUNT_PATH,
     DisaggregatedModelSpec,
+    NetworkPeer,
     RedisUrlSecret,
     ResourceOverrides,
     RoleSpec,
@@ -49,6 +55,7 @@ from disagg_operator.names import (
     child_name,
     instance_labels,
     labels,
+    redis_prefix,
     selector_labels,
 )
 
@@ -65,6 +72,17 @@ ENGINE_PORT_NAME = "http"
 CONNECTOR_VOLUME = "connector-config"
 CACHE_VOLUME = "model-cache"
 SHM_VOLUME = "dshm"
+OFFER_KEY_VOLUME = "offer-key"
+ENGINE_KEY_VOLUME = "engine-key"
+CLIENT_KEYS_VOLUME = "client-keys"
+OFFER_KEY_FILE = f"{OFFER_KEY_DIR}/{SECRET_KEY_NAME}"
+"""The offer-signing keys as prefill and decode read them (the Secret's one data key)."""
+ENGINE_KEY_FILE = f"{ENGINE_KEY_DIR}/{SECRET_KEY_NAME}"
+"""The engine credential as the router reads it."""
+ALL_PORTS_BUT_ENGINE = ((1, ENGINE_PORT - 1), (ENGINE_PORT + 1, 65535))
+"""The TCP ports prefill and decode open to each other over UCX: NIXL's side channel and the
+ports UCX's TCP transport listens on, which the kernel picks (the vLLM port stays the
+router's)."""
 ROUTER_RULES: list[dict[str, list[str]]] = [
     {
         "apiGroups": ["discovery.k8s.io"],
@@ -128,6 +146,15 @@ def _secret_env(name: str, ref: SecretKeyRef | RedisUrlSecret) -> dict[str, Any]
     return {"name": name, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}
 
 
+def _secret_volume(volume: str, secret: str) -> dict[str, Any]:
+    """A volume holding every key of a Secret, one file each."""
+    return {"name": volume, "secret": {"secretName": secret}}
+
+
+def _read_only(volume: str, path: str) -> dict[str, Any]:
+    return {"name": volume, "mountPath": path, "readOnly": True}
+
+
 def _vllm_args(spec: DisaggregatedModelSpec, role: RoleSpec) -> list[str]:
     """The role's vLLM arguments: the operator's, then the role's extraArgs after the marker.
 
@@ -173,8 +200,9 @@ def _engine_env(
     ]
     if spec.model.token_secret is not None:
         injected.append(_secret_env("HF_TOKEN", spec.model.token_secret))
-    if spec.auth is not None:
-        injected.append(_secret_env(ENGINE_API_KEY_ENV, spec.auth.api_key_secret))
+    engine_key = SecretKeyRef(name=child_name(name, Component.ENGINE_KEY), key=SECRET_KEY_NAME)
+    injected.append(_secret_env(ENGINE_API_KEY_ENV, engine_key))
+    injected.append({"name": OFFER_KEY_FILE_ENV, "value": OFFER_KEY_FILE})
     if spec.efa.enabled:
         injected.append({"name": FI_PROVIDER_ENV, "value": spec.efa.provider})
     user = [var.model_dump(exclude_none=True) for var in role.env]
@@ -236,6 +264,61 @@ def _engine_resources(spec: DisaggregatedModelSpec, role: RoleSpec) -> dict[str,
     return _resources(ENGINE_REQUESTS, limits, role.resources)
 
 
+def _tcp(port: int, end_port: int | None = None) -> dict[str, Any]:
+    ports: dict[str, Any] = {"protocol": "TCP", "port": port}
+    if end_port is not None:
+        ports["endPort"] = end_port
+    return ports
+
+
+def _pods_of(name: str, component: Component) -> dict[str, Any]:
+    """A NetworkPolicy peer: one component's pods of this model."""
+    return {"podSelector": {"matchLabels": selector_labels(name, component)}}
+
+
+def _peers(peers: list[NetworkPeer]) -> list[dict[str, Any]]:
+    return [peer.model_dump(exclude_defaults=True) for peer in peers]
+
+
+def _kv_ports(spec: DisaggregatedModelSpec) -> list[dict[str, Any]]:
+    """What prefill and decode open to each other: NIXL's side channel, and over UCX also the
+    ports UCX's TCP transport picks; EFA's SRD traffic never reaches the IP stack a
+    NetworkPolicy filters."""
+    if spec.kv_backend == "LIBFABRIC":
+        return [_tcp(spec.kv_transfer.side_channel_port)]
+    return [_tcp(first, last) for first, last in ALL_PORTS_BUT_ENGINE]
+
+
+def _engine_ingress(
+    name: str, spec: DisaggregatedModelSpec, component: Component, role: RoleSpec
+) -> list[dict[str, Any]]:
+    """Who may reach a role's pods: the model's router on the vLLM port, the other role on
+    the KV-transfer ports, and the role's `allowedFrom` on the vLLM port."""
+    peer = Component.DECODE if component is Component.PREFILL else Component.PREFILL
+    ingress = [
+        {"from": [_pods_of(name, Component.ROUTER)], "ports": [_tcp(ENGINE_PORT)]},
+        {"from": [_pods_of(name, peer)], "ports": _kv_ports(spec)},
+    ]
+    if role.allowed_from:
+        ingress.append({"from": _peers(role.allowed_from), "ports": [_tcp(ENGINE_PORT)]})
+    return ingress
+
+
+def _network_policy(
+    name: str, namespace: str, component: Component, ingress: list[dict[str, Any]]
+) -> Manifest:
+    """The NetworkPolicy of one component's pods: ingress only (egress stays open: the
+    router calls the API server and Redis, the engines the model hub)."""
+    return _render(
+        "shared/networkpolicy.yaml.j2",
+        name=child_name(name, component),
+        namespace=namespace,
+        labels=labels(name, component),
+        selector=selector_labels(name, component),
+        ingress=ingress,
+    )
+
+
 def _disruption_budget(name: str, namespace: str, component: Component) -> Manifest:
     """The PodDisruptionBudget of one component's pods (its workload's own selector).
 
@@ -268,11 +351,13 @@ def _engine(
     }
     volumes = [
         {"name": CONNECTOR_VOLUME, "configMap": {"name": child_name(name, Component.CONNECTOR)}},
+        _secret_volume(OFFER_KEY_VOLUME, child_name(name, Component.OFFER_KEY)),
         _cache_volume(spec),
         {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory"}},
     ]
     mounts = [
-        {"name": CONNECTOR_VOLUME, "mountPath": CONFIG_DIR, "readOnly": True},
+        _read_only(CONNECTOR_VOLUME, CONFIG_DIR),
+        _read_only(OFFER_KEY_VOLUME, OFFER_KEY_DIR),
         {"name": CACHE_VOLUME, "mountPath": _cache_mount_path(spec)},
         {"name": SHM_VOLUME, "mountPath": "/dev/shm"},
     ]
@@ -311,6 +396,7 @@ def _engine(
     return [
         _render("engine/service.yaml.j2", **common),
         _disruption_budget(name, namespace, component),
+        _network_policy(name, namespace, component, _engine_ingress(name, spec, component, role)),
         statefulset,
     ]
 
@@ -320,31 +406,58 @@ def _k8s_literal(value: str) -> str:
     return value.replace("$", "$$")
 
 
-def _router_store(spec: DisaggregatedModelSpec) -> tuple[list[str], list[dict[str, Any]]]:
-    """The router's conversation-store flags and the environment they read."""
+def _router_store(
+    name: str, namespace: str, spec: DisaggregatedModelSpec
+) -> tuple[list[str], list[dict[str, Any]]]:
+    """The router's conversation-store flags (with the model's own Redis key prefix) and the
+    environment they read."""
     redis = spec.router.redis
     if redis is None:
         return [], []
+    store = ["--store", "redis", "--redis-prefix", redis_prefix(name, namespace)]
     if redis.url_secret is None:
         assert redis.url is not None
-        return ["--store", "redis", "--redis-url", _k8s_literal(redis.url)], []
+        return [*store, "--redis-url", _k8s_literal(redis.url)], []
     env = [_secret_env(ROUTER_REDIS_URL_ENV, redis.url_secret)]
-    return ["--store", "redis", "--redis-url", f"$({ROUTER_REDIS_URL_ENV})"], env
+    return [*store, "--redis-url", f"$({ROUTER_REDIS_URL_ENV})"], env
 
 
-def _router_env(
-    spec: DisaggregatedModelSpec, store_env: list[dict[str, Any]]
-) -> list[dict[str, Any]]:
-    """The store's environment, plus the API key when `spec.auth` is set."""
-    if spec.auth is None:
-        return store_env
-    return [*store_env, _secret_env(ROUTER_API_KEY_ENV, spec.auth.api_key_secret)]
+def _router_keys(
+    name: str, spec: DisaggregatedModelSpec
+) -> tuple[list[str], list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+    """The router's key flags, environment, volumes and mounts.
+
+    It always gets the engine credential, as a file; with `spec.auth`, the client keys: the
+    API key (tenant `default`) from the environment, the client-keys Secret as a folder. The
+    offer-signing Secret is never mounted here.
+    """
+    args = ["--engine-key-file", ENGINE_KEY_FILE]
+    env: list[dict[str, Any]] = []
+    volumes = [_secret_volume(ENGINE_KEY_VOLUME, child_name(name, Component.ENGINE_KEY))]
+    mounts = [_read_only(ENGINE_KEY_VOLUME, ENGINE_KEY_DIR)]
+    auth = spec.auth
+    if auth is not None and auth.api_key_secret is not None:
+        env.append(_secret_env(ROUTER_API_KEY_ENV, auth.api_key_secret))
+    if auth is not None and auth.client_keys_secret is not None:
+        args += ["--client-keys-dir", CLIENT_KEYS_DIR]
+        volumes.append(_secret_volume(CLIENT_KEYS_VOLUME, auth.client_keys_secret.name))
+        mounts.append(_read_only(CLIENT_KEYS_VOLUME, CLIENT_KEYS_DIR))
+    return args, env, volumes, mounts
+
+
+def _router_ingress(spec: DisaggregatedModelSpec) -> list[dict[str, Any]]:
+    """The router's port, from anyone or only from `spec.router.allowedFrom`."""
+    rule: dict[str, Any] = {"ports": [_tcp(spec.router.port)]}
+    if spec.router.allowed_from:
+        rule["from"] = _peers(spec.router.allowed_from)
+    return [rule]
 
 
 def _router(name: str, namespace: str, spec: DisaggregatedModelSpec) -> list[Manifest]:
     router = spec.router
     image = spec.router_image
-    store_args, store_env = _router_store(spec)
+    store_args, store_env = _router_store(name, namespace, spec)
+    key_args, key_env, volumes, mounts = _router_keys(name, spec)
     common = {
         "name": child_name(name, Component.ROUTER),
         "namespace": namespace,
@@ -379,8 +492,11 @@ def _router(name: str, namespace: str, spec: DisaggregatedModelSpec) -> list[Man
             "--decode-kv-ttl",
             str(spec.kv_transfer.decoder_kv_blocks_ttl_seconds),
             *store_args,
+            *key_args,
         ],
-        env=_router_env(spec, store_env),
+        env=[*store_env, *key_env],
+        volume_mounts=mounts,
+        volumes=volumes,
         resources=_resources(ROUTER_REQUESTS, {}, router.resources),
         readiness_probe=_http_probe(period=5, failures=3),
         liveness_probe={"tcpSocket": {"port": "http"}, "periodSeconds": 10, "failureThreshold": 6},
@@ -397,6 +513,7 @@ def _router(name: str, namespace: str, spec: DisaggregatedModelSpec) -> list[Man
             service_type=router.service_type,
         ),
         _disruption_budget(name, namespace, Component.ROUTER),
+        _network_policy(name, namespace, Component.ROUTER, _router_ingress(spec)),
         deployment,
     ]
 

@@ -46,6 +46,7 @@ DEPLOYMENTS = ApiResource("apps", "v1", "deployments", "Deployment")
 ROLES = ApiResource("rbac.authorization.k8s.io", "v1", "roles", "Role")
 ROLE_BINDINGS = ApiResource("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding")
 POD_DISRUPTION_BUDGETS = ApiResource("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget")
+NETWORK_POLICIES = ApiResource("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy")
 PODS = ApiResource("", "v1", "pods", "Pod")
 SECRETS = ApiResource("", "v1", "secrets", "Secret")
 EVENTS = ApiResource("", "v1", "events", "Event")
@@ -59,6 +60,7 @@ CHILD_RESOURCES = (
     ROLES,
     ROLE_BINDINGS,
     POD_DISRUPTION_BUDGETS,
+    NETWORK_POLICIES,
     STATEFUL_SETS,
     DEPLOYMENTS,
 )

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from disagg_contract import EXTRA_BACKENDS, EXTRA_BIDIRECTIONAL, EXTRA_DECODER_TTL
-from disagg_operator.names import CONFIG_HASH_ANNOTATION
+from disagg_operator.names import COMPONENT_LABEL, CONFIG_HASH_ANNOTATION
 
 Manifest = dict[str, Any]
 
@@ -74,10 +74,31 @@ def _disruption_budget(manifest: Manifest) -> str:
     )
 
 
+def _peer(peer: dict[str, Any]) -> str:
+    """A model's own component by name; any other peer by its kind."""
+    component = peer.get("podSelector", {}).get("matchLabels", {}).get(COMPONENT_LABEL)
+    if component is not None and "namespaceSelector" not in peer:
+        return str(component)
+    return "ipBlock" if "ipBlock" in peer else "selected"
+
+
+def _port(port: dict[str, Any]) -> str:
+    return f"{port['port']}-{port['endPort']}" if "endPort" in port else str(port["port"])
+
+
+def _network_policy(manifest: Manifest) -> str:
+    rules = []
+    for rule in manifest["spec"]["ingress"]:
+        who = "+".join(_peer(peer) for peer in rule.get("from", [])) or "anyone"
+        rules.append(f"{who}->{','.join(_port(port) for port in rule['ports'])}")
+    return "ingress " + " ".join(rules)
+
+
 _FACTS: dict[str, Callable[[Manifest], str]] = {
     "StatefulSet": _statefulset,
     "Deployment": _deployment,
     "PodDisruptionBudget": _disruption_budget,
+    "NetworkPolicy": _network_policy,
     "Service": _service,
     "ConfigMap": _config_map,
 }

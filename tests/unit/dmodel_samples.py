@@ -252,7 +252,7 @@ INVALID_SPECS = [
             {"decode": {"extraArgs": ["--enforce-eager", arg]}},
             "spec.decode.extraArgs",
             cross_field=True,
-            says="--api-key: spec.auth.apiKeySecret",
+            says="drop it (--port, --api-key,",
         )
         for arg in ("--api-key", "--api-key=secret")
     ),
@@ -261,9 +261,94 @@ INVALID_SPECS = [
         {"decode": {"env": [{"name": "VLLM_API_KEY", "value": "secret"}]}},
         "spec.decode.env",
         cross_field=True,
-        says="set spec.auth.apiKeySecret instead",
+        says="the engine credential it generates (Secret <name>-engine-key)",
     ),
-    InvalidSpec("auth-without-secret", {"auth": {}}, "spec.auth.apiKeySecret"),
+    InvalidSpec(
+        "auth-without-any-key",
+        {"auth": {}},
+        "spec.auth.apiKeySecret",
+        cross_field=True,
+        says="set apiKeySecret, clientKeysSecret or both",
+    ),
+    InvalidSpec(
+        "client-keys-secret-without-name",
+        {"auth": {"clientKeysSecret": {}}},
+        "spec.auth.clientKeysSecret.name",
+    ),
+    *(
+        InvalidSpec(
+            f"env-sets-{variable.lower().replace('_', '-')}",
+            {"prefill": {"env": [{"name": variable, "value": "/tmp/key"}]}},
+            "spec.prefill.env",
+            cross_field=True,
+            says=variable,
+        )
+        for variable in ("DISAGG_OFFER_KEY_FILE", "DISAGG_OFFER_KEY")
+    ),
+    InvalidSpec(
+        "peer-with-ip-block-and-selector",
+        {
+            "router": {
+                "allowedFrom": [
+                    {"ipBlock": {"cidr": "10.0.0.0/8"}, "podSelector": {"matchLabels": {"a": "b"}}}
+                ]
+            }
+        },
+        "spec.router.allowedFrom[0].ipBlock",
+        cross_field=True,
+    ),
+    InvalidSpec(
+        "peer-without-anything",
+        {"decode": {"allowedFrom": [{}]}},
+        "spec.decode.allowedFrom[0].ipBlock",
+        cross_field=True,
+    ),
+    InvalidSpec(
+        "peer-cidr-not-a-cidr",
+        {"router": {"allowedFrom": [{"ipBlock": {"cidr": "10.0.0.0"}}]}},
+        "spec.router.allowedFrom[0].ipBlock.cidr",
+    ),
+    InvalidSpec(
+        "peer-selector-in-without-values",
+        {
+            "prefill": {
+                "allowedFrom": [
+                    {"namespaceSelector": {"matchExpressions": [{"key": "k", "operator": "In"}]}}
+                ]
+            }
+        },
+        "spec.prefill.allowedFrom[0].namespaceSelector.matchExpressions[0].values",
+        cross_field=True,
+    ),
+    InvalidSpec(
+        "peer-selector-exists-with-values",
+        {
+            "router": {
+                "allowedFrom": [
+                    {
+                        "podSelector": {
+                            "matchExpressions": [
+                                {"key": "k", "operator": "Exists", "values": ["v"]}
+                            ]
+                        }
+                    }
+                ]
+            }
+        },
+        "spec.router.allowedFrom[0].podSelector.matchExpressions[0].values",
+        cross_field=True,
+    ),
+    InvalidSpec(
+        "peer-selector-unknown-operator",
+        {
+            "router": {
+                "allowedFrom": [
+                    {"podSelector": {"matchExpressions": [{"key": "k", "operator": "Is"}]}}
+                ]
+            }
+        },
+        "spec.router.allowedFrom[0].podSelector.matchExpressions[0].operator",
+    ),
     InvalidSpec(
         "auth-secret-without-name",
         {"auth": {"apiKeySecret": {"key": "api-key"}}},

@@ -159,7 +159,7 @@ def test_resource_checks_api_version_and_kind() -> None:
         (["-tp", "2"], "-tp is set by the operator; set tensorParallelSize (beside extraArgs)"),
         (["--disable-prefix-caching"], "is set by the operator; set prefixCaching"),
         (["--port", "9000"], "--port is set by the operator; drop it: vLLM listens on 8000"),
-        (["--api-key=k"], "--api-key is set by the operator; set spec.auth.apiKeySecret instead"),
+        (["--api-key=k"], "--api-key is set by the operator; drop it: the operator gives"),
     ],
 )
 def test_managed_flag_refusal_names_the_flag_and_the_spec_field(
@@ -175,3 +175,50 @@ def test_managed_flag_refusal_names_the_flag_and_the_spec_field(
 def test_managed_flags_message_names_exactly_the_managed_flags() -> None:
     named = set(re.findall(r"(?<![\w-])--?[a-z][-a-z]*", MANAGED_FLAGS_MESSAGE)) - {"--flag"}
     assert named == set(MANAGED_VLLM_FLAGS)
+
+
+def test_auth_takes_an_api_key_client_keys_or_both() -> None:
+    both = load_spec(
+        spec_with({"auth": {"apiKeySecret": {"name": "api"}, "clientKeysSecret": {"name": "c"}}})
+    )
+    assert both.auth is not None and both.auth.client_keys_secret is not None
+    assert both.auth.api_key_secret is not None and both.auth.api_key_secret.key == "token"
+    tenants = load_spec(spec_with({"auth": {"clientKeysSecret": {"name": "c"}}}))
+    assert tenants.auth is not None and tenants.auth.api_key_secret is None
+
+
+@pytest.mark.parametrize(
+    "peer",
+    [
+        {"ipBlock": {"cidr": "10.0.0.0/8"}},
+        {"ipBlock": {"cidr": "fd00::/8", "except": ["fd00:1::/32"]}},
+        {"ipBlock": {"cidr": "10.1.2.3/8"}},
+        {"podSelector": {}},
+        {"namespaceSelector": {}, "podSelector": {"matchLabels": {"app": "prometheus"}}},
+        {"namespaceSelector": {"matchExpressions": [{"key": "team", "operator": "Exists"}]}},
+    ],
+    ids=["v4", "v6-except", "host-bits", "any-pod", "pods-anywhere", "expression"],
+)
+def test_network_peers_take_the_networkpolicy_forms(peer: dict[str, object]) -> None:
+    spec = load_spec(
+        spec_with({"router": {"allowedFrom": [peer]}, "decode": {"allowedFrom": [peer]}})
+    )
+    assert spec.router.allowed_from[0].model_dump(exclude_defaults=True) == peer
+    assert spec.decode.allowed_from == spec.router.allowed_from
+    assert load_spec(minimal_spec()).router.allowed_from == []
+
+
+def test_a_cidr_the_pattern_admits_but_no_address_is_refused() -> None:
+    with pytest.raises(SpecError) as caught:
+        load_spec(spec_with({"router": {"allowedFrom": [{"ipBlock": {"cidr": "300.1.1.1/8"}}]}}))
+    (problem,) = caught.value.problems
+    assert problem.startswith("spec.router.allowedFrom[0].ipBlock.cidr: "), problem
+    assert "CIDR" in problem
+
+
+def test_offer_key_variables_are_the_operators() -> None:
+    for name in ("DISAGG_OFFER_KEY_FILE", "DISAGG_OFFER_KEY"):
+        with pytest.raises(SpecError) as caught:
+            load_spec(spec_with({"decode": {"env": [{"name": name, "value": "x"}]}}))
+        (problem,) = caught.value.problems
+        assert problem.startswith("spec.decode.env: must not set operator-owned"), problem

@@ -209,7 +209,7 @@ def test_rules_hold_no_wildcards_and_no_delete() -> None:
             rule["verbs"]
         )
         if "secrets" in rule["resources"]:
-            assert set(rule["verbs"]) <= {"get"}, "the operator never lists or watches Secrets"
+            assert set(rule["verbs"]) <= {"get", "create"}, "never listed, watched or rewritten"
             assert rule["resources"] == ["secrets"], "rbac.readSecrets drops this whole rule"
 
 
@@ -222,7 +222,7 @@ def test_read_secrets_off_drops_only_the_secrets_rule(watch: tuple[str, ...]) ->
 
     with_secrets, without = rules(), rules("rbac.readSecrets=false")
     assert [rule for rule in with_secrets if rule not in without] == [
-        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}
+        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "create"]}
     ]
     assert all(rule in with_secrets for rule in without)
 

@@ -55,6 +55,16 @@ class FakeApi:
         owner["status"] = {k: v for k, v in merged.items() if v is not None}
         return self._store(owner)
 
+    def get(self, resource: ApiResource, namespace: str, name: str) -> dict[str, Any] | None:
+        found = self.objects.get((resource.kind, name))
+        return copy.deepcopy(found) if found is not None else None
+
+    def request(self, method: str, path: str, *, body: dict[str, Any]) -> dict[str, Any]:
+        """A create (the generated keys are POSTed when absent)."""
+        assert method == "POST", method
+        self.writes.append(("create", f"{body['kind']}/{body['metadata']['name']}"))
+        return self._store(copy.deepcopy(body))
+
     def stored(self) -> dict[tuple[str, str], dict[str, Any]]:
         """A copy of every object, as a watch that has caught up shows them."""
         return copy.deepcopy(self.objects)

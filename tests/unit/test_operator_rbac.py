@@ -1,6 +1,6 @@
 """The operator's RBAC rules: no wildcards, every kind `render` produces applied and watched
-(nothing more: no update, no delete), the chart's copy current, and every permission the
-operator grants a router held by the operator."""
+(nothing more: no update, no delete), Secrets only read and created by name, the chart's copy
+current, and every permission the operator grants a router held by the operator."""
 
 from __future__ import annotations
 
@@ -50,11 +50,13 @@ def test_every_child_kind_can_be_applied_and_watched_and_nothing_more() -> None:
         assert verbs == {"get", "list", "watch", "create", "patch"}, resource.plural
 
 
-def test_secrets_are_only_read_by_name() -> None:
+def test_secrets_are_only_read_and_created_by_name() -> None:
+    """Read: the Secrets a spec names and the generated keys; create: the generated keys. Never
+    list, watch, update, patch or delete (a generated key is never rewritten)."""
     secret_verbs = {
         v for r in namespaced_rules() if "secrets" in r["resources"] for v in r["verbs"]
     }
-    assert secret_verbs == {"get"}
+    assert secret_verbs == {"get", "create"}
 
 
 def test_operator_holds_what_it_grants_routers() -> None:

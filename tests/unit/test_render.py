@@ -240,25 +240,26 @@ def test_token_secret_becomes_hf_token() -> None:
     assert "HF_TOKEN" not in env(container(None, "prefill"))
 
 
-def test_auth_key_reaches_engines_and_router_from_the_secret_only() -> None:
+def test_auth_key_reaches_the_router_only_from_the_secret() -> None:
     patch = {
         "auth": {"apiKeySecret": {"name": "api", "key": "k"}},
         "router": {"replicas": 2, "redis": {"urlSecret": {"name": "valkey"}}},
     }
     ref = {"secretKeyRef": {"name": "api", "key": "k"}}
+    engine_key = {"secretKeyRef": {"name": f"{NAME}-engine-key", "key": "disagg-key"}}
     for role in ("prefill", "decode"):
         main = container(patch, role)
-        assert env(main)["VLLM_API_KEY"] == {"name": "VLLM_API_KEY", "valueFrom": ref}
+        assert env(main)["VLLM_API_KEY"] == {"name": "VLLM_API_KEY", "valueFrom": engine_key}
         assert main["readinessProbe"]["httpGet"]["path"] == "/health"
-        assert "VLLM_API_KEY" not in env(container(None, role))
+        assert env(container(None, role))["VLLM_API_KEY"]["valueFrom"] == engine_key
     router = router_container(patch)
     assert env(router)["DISAGG_API_KEY"] == {"name": "DISAGG_API_KEY", "valueFrom": ref}
     assert "DISAGG_REDIS_URL" in env(router)
     assert "env" not in router_container()
     commands = [c["command"] for c in (router, container(patch, "prefill"))]
     assert not any(arg.startswith("--api") for command in commands for arg in command)
-    default_key = env(container({"auth": {"apiKeySecret": {"name": "api"}}}, "decode"))
-    assert default_key["VLLM_API_KEY"]["valueFrom"]["secretKeyRef"]["key"] == "token"
+    default_key = env(router_container({"auth": {"apiKeySecret": {"name": "api"}}}))
+    assert default_key["DISAGG_API_KEY"]["valueFrom"]["secretKeyRef"]["key"] == "token"
 
 
 def test_image_fields() -> None:
@@ -604,15 +605,18 @@ def test_children_and_order() -> None:
         f"ConfigMap/{NAME}-connector",
         f"Service/{NAME}-prefill",
         f"PodDisruptionBudget/{NAME}-prefill",
+        f"NetworkPolicy/{NAME}-prefill",
         f"StatefulSet/{NAME}-prefill",
         f"Service/{NAME}-decode",
         f"PodDisruptionBudget/{NAME}-decode",
+        f"NetworkPolicy/{NAME}-decode",
         f"StatefulSet/{NAME}-decode",
         f"ServiceAccount/{NAME}-router",
         f"Role/{NAME}-router",
         f"RoleBinding/{NAME}-router",
         f"Service/{NAME}-router",
         f"PodDisruptionBudget/{NAME}-router",
+        f"NetworkPolicy/{NAME}-router",
         f"Deployment/{NAME}-router",
     ]
 
@@ -661,7 +665,7 @@ def _validate_all(manifests: list[Manifest]) -> None:
 def test_example_manifests_validate_against_kubernetes_schema(path: Any) -> None:
     model = load_resource(load_example(path))
     manifests = render(model.metadata.name, model.metadata.namespace, model.spec)
-    assert len(manifests) == 13
+    assert len(manifests) == 16
     _validate_all(manifests)
 
 

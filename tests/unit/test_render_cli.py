@@ -36,7 +36,7 @@ def test_summary_has_one_line_per_object(capsys: pytest.CaptureFixture[str]) -> 
     assert main(["render", "-f", str(REPO / "examples/qwen3-32b-p5en.yaml"), "--summary"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split() == ["KIND", "NAME", "FACTS"]
-    assert len(lines) == 14
+    assert len(lines) == 17
     budgets = [line for line in lines if line.startswith("PodDisruptionBudget")]
     assert [line.split()[1] for line in budgets] == [
         f"inference/qwen3-32b-{component}" for component in ("prefill", "decode", "router")
