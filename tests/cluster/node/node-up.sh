@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Start the real node of the running local cluster, or keep it when it already runs for it:
 # containerd (runc, CNI bridge), the kubelet and kube-proxy (nftables), all inside the network
-# namespace $NODE_NETNS, joined to the host by one veth pair; the images from images.sh loaded
-# into containerd. The node registers as $NODE_NAME, tainted $NODE_TAINT, labelled type=real.
+# namespace $NODE_NETNS, joined to the host by one veth pair; the pause image (images.sh) loaded
+# into containerd (`images.sh build && images.sh import` loads the project's images). The node
+# registers as $NODE_NAME, tainted $NODE_TAINT, labelled type=real.
 # Run by cluster-up.sh when DISAGG_REAL_NODE=1 (the control plane must have been created with
 # kwokctl-config.sh's settings); stopped by node-down.sh.
 set -euo pipefail
@@ -26,7 +27,7 @@ if ! grep -q -- "--advertise-address=$NODE_HOST_IP" \
 fi
 
 "$NODE_SRC/build-node.sh" >&2
-"$NODE_SRC/images.sh" build >&2
+"$NODE_SRC/images.sh" build pause >&2
 eval "$("$NODE_SRC/images.sh" env)"
 
 alive() { # alive NAME: the component's recorded process still runs its binary
@@ -57,7 +58,7 @@ owner=$(cat "$NODE_STATE/cluster" 2>/dev/null || true)
 if [[ "$owner" == "$CLUSTER_STATE" ]] && alive containerd && alive kubelet && alive kube-proxy &&
     node_ready; then
     echo "node-up: reusing real node $NODE_NAME" >&2
-    "$NODE_SRC/images.sh" import >&2
+    "$NODE_SRC/images.sh" import pause >&2
     exit 0
 fi
 if [[ -n "$owner" && "$owner" != "$CLUSTER_STATE" ]] && alive kubelet; then
@@ -207,7 +208,7 @@ launch() {
 
 launch containerd --config "$NODE_STATE/containerd.toml"
 wait_for containerd 60 "${ctr[@]}" version >/dev/null 2>&1
-"$NODE_SRC/images.sh" import >&2
+"$NODE_SRC/images.sh" import pause >&2
 
 # --- kubelet ---------------------------------------------------------------------------------
 taint_key=${NODE_TAINT%%=*}
