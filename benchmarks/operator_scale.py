@@ -8,10 +8,15 @@ tests/cluster/operator_harness.py) get N small models in one `kubectl apply`. Re
   pods are bound, started and marked ready without running containers, see tests/cluster);
 * API write requests the operator issued until then, by verb and resource (peering
   keep-alives listed apart), and writes in a quiet window after (expected 0);
+* the operator's reconcile passes until then, by result, and the errors its own API client
+  got, by method and code, from its /metrics;
 * the operator's peak RSS (VmHWM) and CPU seconds, from /proc.
 
 Extra fake nodes (tests/cluster/nodes.sh with more GPU and CPU nodes) give every pod a place;
-they are removed at the end. Run under the heavy-job lock (CPU is scarce):
+they are removed at the end. Each N waits until the namespaces of earlier runs are gone: every
+router Service holds an address of the cluster's small Service range (`SERVICE_CIDR` in
+tests/cluster/env.sh) until then, and with too few left the API server refuses Services
+("range is full"). Run under the heavy-job lock (CPU is scarce):
 
     flock /tmp/disagg-heavy.lock .venv/bin/python benchmarks/operator_scale.py
 """
@@ -36,13 +41,22 @@ sys.path[:0] = [str(REPO / "tests" / "cluster"), str(REPO / "tests" / "unit")]
 
 import kube  # noqa: E402
 from operator_fixtures import small_model  # noqa: E402
-from operator_harness import ApiProxy, OperatorProcess, apply_crds, is_peering  # noqa: E402
+from operator_harness import (  # noqa: E402
+    ApiProxy,
+    OperatorProcess,
+    apply_crds,
+    free_port,
+    is_peering,
+    sample,
+    scrape,
+)
 
 OUTPUT = REPO / "docs" / "benchmarks" / "operator_scale.json"
 BASE_GPU_NODES, BASE_CPU_NODES = 4, 2
 ENGINE_PODS_PER_GPU_NODE = 8  # one GPU per engine pod, 8 per p5en node
 ROUTER_PODS_PER_CPU_NODE = 50  # under the fake m7i node's 58-pod cap
 QUIET_WINDOW_S = 10
+NAMESPACE_PREFIX = "disagg-bench-"
 
 
 def _nodes(kubectl: kube.Kubectl, gpu: int, cpu: int) -> None:
@@ -93,9 +107,20 @@ def _by_kind(requests: list[Any]) -> dict[str, int]:
     return dict(sorted(counts.items()))
 
 
+def _earlier_runs_gone(kubectl: kube.Kubectl) -> bool:
+    names = kubectl("get", "namespaces", "-o", "name").split()
+    return not any(name.startswith(f"namespace/{NAMESPACE_PREFIX}") for name in names)
+
+
 def run_one(kubectl: kube.Kubectl, kubeconfig: Path, n: int, timeout_s: float) -> dict[str, Any]:
     """Apply n models at once under a fresh operator; return the figures."""
-    namespace = f"disagg-bench-{n}-{os.urandom(2).hex()}"
+    kube.wait_for(
+        lambda: _earlier_runs_gone(kubectl),
+        what=f"the {NAMESPACE_PREFIX}* namespaces of earlier runs to be deleted",
+        timeout_s=timeout_s,
+        interval_s=2,
+    )
+    namespace = f"{NAMESPACE_PREFIX}{n}-{os.urandom(2).hex()}"
     kubectl("create", "namespace", namespace)
     kube.wait_for(
         lambda: kubectl.run("-n", namespace, "get", "sa", "default", check=False).returncode == 0,
@@ -103,7 +128,9 @@ def run_one(kubectl: kube.Kubectl, kubeconfig: Path, n: int, timeout_s: float) -
     )
     models = [small_model(f"b{i}", namespace) for i in range(n)]
     with tempfile.TemporaryDirectory() as tmp, ApiProxy(kubeconfig, Path(tmp)) as proxy:
-        operator = OperatorProcess(proxy.kubeconfig, [namespace], Path(tmp) / "operator.log")
+        port = free_port()
+        log = Path(tmp) / "operator.log"
+        operator = OperatorProcess(proxy.kubeconfig, [namespace], log, f"--metrics-port={port}")
         operator.start()
         assert operator.proc is not None
         start = time.monotonic()
@@ -115,6 +142,7 @@ def run_one(kubectl: kube.Kubectl, kubeconfig: Path, n: int, timeout_s: float) -
             ready = _ready_count(kubectl, namespace)
         all_ready_s = time.monotonic() - start
         writes = proxy.writes(since=start)
+        metrics = scrape(port)
         quiet_start = time.monotonic()
         time.sleep(QUIET_WINDOW_S)
         quiet = [w for w in proxy.writes(since=quiet_start) if not is_peering(w)]
@@ -131,6 +159,15 @@ def run_one(kubectl: kube.Kubectl, kubeconfig: Path, n: int, timeout_s: float) -
         "api_writes_until_ready": len(operator_writes),
         "api_writes_per_model": round(len(operator_writes) / n, 1),
         "api_writes_by_kind": _by_kind(operator_writes),
+        "reconcile_passes_until_ready": {
+            result: int(sample(metrics, "disagg_operator_reconcile_passes_total", result=result))
+            for result in ("applied", "noop", "blocked", "error")
+        },
+        "operator_api_errors_until_ready": {
+            f"{dict(labels)['method']} {dict(labels)['code']}": int(value)
+            for (name, labels), value in sorted(metrics.items())
+            if name == "disagg_operator_api_errors_total"
+        },
         "peering_keepalives": len(writes) - len(operator_writes),
         "api_writes_in_quiet_window": len(quiet),
         "quiet_window_s": QUIET_WINDOW_S,
@@ -141,12 +178,13 @@ def run_one(kubectl: kube.Kubectl, kubeconfig: Path, n: int, timeout_s: float) -
 
 
 def _line(r: dict[str, Any]) -> str:
+    passes = sum(r["reconcile_passes_until_ready"].values())
     return (
         f"N={r['models']:4d}  ready {r['ready']}/{r['models']} in "
         f"{r['seconds_until_all_ready']:7.1f} s  writes {r['api_writes_until_ready']:6d} "
         f"({r['api_writes_per_model']}/model)  quiet-window writes "
-        f"{r['api_writes_in_quiet_window']}  peak RSS {r['operator_peak_rss_mib']} MiB  "
-        f"cpu {r['operator_cpu_s']} s"
+        f"{r['api_writes_in_quiet_window']}  passes {passes}  "
+        f"peak RSS {r['operator_peak_rss_mib']} MiB  cpu {r['operator_cpu_s']} s"
     )
 
 

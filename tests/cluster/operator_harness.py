@@ -217,9 +217,21 @@ def is_peering(request: Request) -> bool:
 
 
 def apply_crds(kubectl: kube.Kubectl, crds_dir: Path) -> None:
-    """Apply every CRD in crds/ and wait until they are Established."""
+    """Apply every CRD in crds/, wait until they are Established and their lists are served.
+
+    Just after it is Established, a new CRD's list answers 429 while the API server's cache of
+    it initializes; an operator started in that moment was once seen to reconcile nothing.
+    """
     kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crds_dir))
     kubectl("wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
+    names = kubectl("get", "-f", str(crds_dir), "-o", "jsonpath={.items[*].metadata.name}")
+    for name in names.split():
+        kube.wait_for(
+            lambda name=name: (
+                kubectl.run("get", name, "--all-namespaces", check=False).returncode == 0
+            ),
+            what=f"the API server to list {name}",
+        )
 
 
 def dmodel(kubectl: kube.Kubectl, namespace: str, name: str) -> dict[str, Any]:
