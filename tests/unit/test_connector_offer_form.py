@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from disagg_connector.offer_form import (
@@ -166,6 +166,7 @@ json_values = st.recursive(
 )
 
 
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.dictionaries(st.sampled_from(REMOTE_FIELDS), json_values))
 def test_any_json_values_give_an_answer_not_an_exception(changes: dict[str, Any]) -> None:
     result = problem(offer(**changes))
