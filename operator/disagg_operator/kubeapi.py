@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from kubernetes import client, config
@@ -55,8 +55,13 @@ class KubeApi:
         body: object = None,
         query: Sequence[tuple[str, str]] = (),
         content_type: str = "application/json",
+        expected: Collection[int] = (),
     ) -> dict[str, Any]:
-        """Send one request and return the decoded JSON answer (ApiException on an error)."""
+        """Send one request and return the decoded JSON answer (ApiException on an error).
+
+        A status in `expected` still raises but is not counted as a failed request: a 404 is
+        how `get` learns that an object does not exist yet.
+        """
         method, url, headers, payload, post = self._api.param_serialize(
             method,
             path,
@@ -75,7 +80,8 @@ class KubeApi:
             raise
         data = response.read() or b"{}"  # type: ignore[no-untyped-call]
         if not 200 <= response.status < 300:
-            self._metrics.api_error(method, str(response.status))
+            if response.status not in expected:
+                self._metrics.api_error(method, str(response.status))
             raise ApiException(status=response.status, reason=response.reason, body=data.decode())
         decoded: dict[str, Any] = json.loads(data)
         return decoded
@@ -83,7 +89,7 @@ class KubeApi:
     def get(self, resource: ApiResource, namespace: str, name: str) -> dict[str, Any] | None:
         """One object, or None when it does not exist."""
         try:
-            return self.request("GET", resource.path(namespace, name))
+            return self.request("GET", resource.path(namespace, name), expected=(404,))
         except ApiException as exc:
             if exc.status == 404:
                 return None

@@ -135,7 +135,9 @@ def granted(kubectl: kube.Kubectl, user: str, namespace: str) -> set[Permission]
 FORBIDDEN = [
     Permission("list", "secrets"),
     Permission("watch", "secrets"),
-    Permission("create", "secrets"),
+    Permission("update", "secrets"),
+    Permission("patch", "secrets"),
+    Permission("delete", "secrets"),
     Permission("delete", "statefulsets.apps"),
     Permission("delete", "disaggregatedmodels.disagg.dev"),
     Permission("create", "pods"),

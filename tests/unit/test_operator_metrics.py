@@ -157,11 +157,16 @@ def test_api_client_counts_error_answers_and_unreachable_servers() -> None:
     metrics = OperatorMetrics()
     with _http_server() as port:
         api = _api(port, metrics)
+        name = "disagg_operator_api_errors_total"
         assert api.get(SECRETS, "ml", "token") is None
+        sample = metrics.registry.get_sample_value(name, {"method": "GET", "code": "404"})
+        assert sample is None, "get expects a 404: not a failed request"
+        with pytest.raises(ApiException) as missing:
+            api.request("GET", SECRETS.path("ml", "token"))
+        assert missing.value.status == 404
         with pytest.raises(ApiException) as refused:
             api.patch_status(DISAGGREGATED_MODELS, "ml", "m", {"observedGeneration": 1})
         assert refused.value.status == 422
-    name = "disagg_operator_api_errors_total"
     assert _value(metrics, name, method="GET", code="404") == 1
     assert _value(metrics, name, method="PATCH", code="422") == 1
 
