@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from disagg_connector.offer_form import Direction
+from disagg_connector.offer_form import OFFERED_FIELDS, Direction
 from disagg_connector.reuse_plan import Verdict
 from disagg_contract import (
     EXPIRES_AT_KEY,
@@ -43,27 +43,9 @@ from disagg_contract import (
     OFFER_KEY_ENV,
     OFFER_KEY_FILE_ENV,
     OFFER_WIRE_VERSION,
-    TOKEN_DIGEST_KEY,
 )
 
-BOUND_KEYS = (
-    "do_remote_prefill",
-    "do_remote_decode",
-    "remote_engine_id",
-    "remote_request_id",
-    "remote_host",
-    "remote_port",
-    "remote_block_ids",
-    "remote_num_tokens",
-    "remote_block_size",
-    "remote_blocks_expiry_time",
-    "tp_size",
-    "dcp_size",
-    "pp_size",
-    "transfer_mode",
-    TOKEN_DIGEST_KEY,
-    EXPIRES_AT_KEY,
-)
+BOUND_KEYS = ("do_remote_prefill", "do_remote_decode", *OFFERED_FIELDS)
 """The offer's fields the signature covers: every one vLLM's pull scheduler and worker read."""
 MIN_KEY_CHARS = 32
 """Shortest signing key accepted (a 128-bit random key in hex is exactly this long)."""

@@ -26,7 +26,7 @@ MAX_TOKENS = 2**31 - 1
 MAX_PARALLEL = 2**16
 """Largest tensor-, decode-context- or pipeline-parallel size an offer may name."""
 
-REMOTE_FIELDS = (
+OFFERED_FIELDS = (
     "remote_engine_id",
     "remote_request_id",
     "remote_host",
@@ -41,8 +41,10 @@ REMOTE_FIELDS = (
     "transfer_mode",
     TOKEN_DIGEST_KEY,
     EXPIRES_AT_KEY,
-    OFFER_KEY,
 )
+"""The fields that describe where the offered KV is: what vLLM's pull scheduler and worker read,
+and our digest and expiry."""
+REMOTE_FIELDS = (*OFFERED_FIELDS, OFFER_KEY)
 """Every field that describes KV to read: what a refused offer loses."""
 
 
