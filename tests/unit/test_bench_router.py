@@ -112,3 +112,19 @@ def test_floor_leg_runs_on_its_own_deployment_without_the_id(
 def test_floor_leg_needs_its_router(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "--router", "http://127.0.0.1:9", "--legs", "on,floor"]) == 2
     assert "--legs floor needs --floor-router" in capsys.readouterr().err
+
+
+def test_interleaved_legs_swap_places_at_each_turn_and_conversation(tmp_path: Path) -> None:
+    """Two conversations of two turns: ON first, FLOOR first; then FLOOR first, ON first."""
+    out = tmp_path / "out"
+    with router_rig(prefills=1, decodes=1) as on, router_rig(prefills=1, decodes=1) as floor:
+        argv = ["bench", "--router", on.routers[0].url, "--floor-router", floor.routers[0].url]
+        argv += ["--lengths", "200,400", "--answer-tokens", "4", "--legs", "on,floor"]
+        argv += ["--conversations", "2"]
+        assert main([*argv, "--json-dir", str(out), "--figure-dir", str(out)]) == 0
+    result = BenchResult.load(out / "ttft-standin-model.json")
+    order = [(r.leg.value, r.conversation[-1], r.turn) for r in result.records]
+    assert order == [
+        ("on", "0", 1), ("floor", "0", 1), ("floor", "0", 2), ("on", "0", 2),
+        ("floor", "1", 1), ("on", "1", 1), ("on", "1", 2), ("floor", "1", 2),
+    ]  # fmt: skip

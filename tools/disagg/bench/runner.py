@@ -165,20 +165,25 @@ def run_interleaved(
     progress: Progress,
     run_id: str | None = None,
 ) -> list[TurnRecord]:
-    """The legs of ``targets`` (each its own deployment) turn by turn, alternating which goes
-    first, so that load drift on a shared machine hits the legs alike and their TTFTs at one
-    length are taken moments apart."""
+    """The legs of ``targets`` (each its own deployment) turn by turn, so that load drift on a
+    shared machine hits the legs alike and their TTFTs at one length are taken moments apart.
+
+    Which leg goes first alternates from turn to turn and, at each turn, from conversation to
+    conversation: a leg that goes first follows its own previous turn, one that goes second
+    follows the other leg's, and each length gets both positions.
+    """
     turns = [leg_turns(t, model, sweep, plans, progress, run_id) for t in targets]
     records: list[TurnRecord] = []
-    first_goes_first = True
+    rounds = 0
     try:
         while True:
-            order = turns if first_goes_first else turns[::-1]
+            conversation, turn = divmod(rounds, max(len(plans), 1))
+            order = turns if (conversation + turn) % 2 == 0 else turns[::-1]
             taken = [record for record in (next(leg, None) for leg in order) if record]
             if not taken:
                 return records
             records += taken
-            first_goes_first = not first_goes_first
+            rounds += 1
     finally:
         for leg in turns:
             leg.close()
