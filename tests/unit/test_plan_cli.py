@@ -50,8 +50,8 @@ def test_json_to_stdout_is_only_json(capsys: pytest.CaptureFixture[str]) -> None
     ("flag", "value", "message"),
     [
         ("--model", "llama-9000", "known: glm-5-fp8, qwen3-32b"),
-        ("--gpu", "b200", "known: h100, h200"),
-        ("--fabric", "ib", "known: p5-efa, p5en-efa"),
+        ("--gpu", "b200", "known: epyc-zen5-core, h100, h200"),
+        ("--fabric", "ib", "known: loopback-tcp, p5-efa, p5en-efa"),
         ("--kv-dtype", "int3", "--kv-dtype: unknown dtype"),
         ("--tp", "0", "--tp must be >= 1"),
         ("--link-efficiency", "2", "link efficiency must be in"),

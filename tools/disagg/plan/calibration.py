@@ -32,7 +32,8 @@ class Quantity(enum.Enum):
     KV_TRANSFER = "KV transfer"
 
 
-_COST_OF: dict[Quantity, Callable[[TurnCosts], Cost]] = {
+COST_OF: dict[Quantity, Callable[[TurnCosts], Cost]] = {
+    # Which of a turn's cost terms each quantity is.
     Quantity.TTFT_OFF: lambda c: c.ttft_off,
     Quantity.TTFT_ON: lambda c: c.ttft_on,
     Quantity.PREFILL_OFF: lambda c: c.prefill_off,
@@ -97,7 +98,7 @@ def published_deployment(model: str) -> Deployment:
 def point_cost(point: PublishedPoint) -> Cost:
     """The model's cost terms for a published point."""
     costs = turn_costs(published_deployment(point.model), point.prompt_tokens)
-    return _COST_OF[point.quantity](costs)
+    return COST_OF[point.quantity](costs)
 
 
 @dataclass(frozen=True)
@@ -152,7 +153,13 @@ def _golden_min(f: Callable[[float], float], low: float, high: float) -> tuple[f
 
 def fit(points: Sequence[PublishedPoint]) -> Efficiency:
     """The constants that minimize the largest relative error over ``points``."""
-    rows = [(point_cost(p), p.ms / 1e3) for p in points]
+    return fit_costs([(point_cost(p), p.ms / 1e3) for p in points])
+
+
+def fit_costs(rows: Sequence[tuple[Cost, float]]) -> Efficiency:
+    """The constants that minimize the largest relative error of ``(cost, seconds)`` rows."""
+    if not rows:
+        raise ValueError("no point to fit the constants on")
 
     def worst(t0: float, inv_compute: float, inv_link: float) -> float:
         return max(

@@ -79,16 +79,29 @@ class Gpu:
     nvlink_bytes_per_s: float
 
     def peak_for(self, dtype: str) -> float:
-        """Peak dense FLOP/s for matmuls in ``dtype`` (fp8 weights run fp8 tensor cores)."""
+        """Peak dense FLOP/s for matmuls in ``dtype``: its own peak where the entry has one,
+        else the bf16 tensor-core peak (fp8 weights run fp8 tensor cores)."""
+        if dtype in self.peak_flops:
+            return self.peak_flops[dtype]
         return self.peak_flops["fp8" if dtype == "fp8" else "bf16"]
 
 
 # NVIDIA H100 and H200 SXM datasheets: FP8 3,958 and BF16 1,979 TFLOPS are quoted *with*
 # 2:4 sparsity; dense is half. HBM: H100 SXM 3.35 TB/s, H200 4.8 TB/s. NVLink 4: 900 GB/s
 # per GPU both directions together, 450 GB/s each way.
+#
+# One AMD EPYC Zen 5 core, the local rig's engine (one core per server): the Software
+# Optimization Guide for the AMD Zen5 Microarchitecture gives two 512-bit FMA
+# pipes, 2 x 16 fp32 FMAs = 64 FLOP per cycle, twice that in bf16 (AVX512_BF16 dot products);
+# the clock is the rig's 2.6 GHz TSC (lscpu). Memory and core-to-core bandwidth are a nominal
+# 30 GB/s, one core's share of DRAM streaming (no datasheet figure): the rig's prefill passes
+# are compute-bound by two orders of magnitude, so neither enters its predictions.
 GPUS: dict[str, Gpu] = {
     "h100": Gpu("NVIDIA H100 SXM", {"bf16": 989.5e12, "fp8": 1979e12}, 3.35e12, 450e9),
     "h200": Gpu("NVIDIA H200 SXM", {"bf16": 989.5e12, "fp8": 1979e12}, 4.8e12, 450e9),
+    "epyc-zen5-core": Gpu(
+        "AMD EPYC Zen 5, one core at 2.6 GHz", {"fp32": 166.4e9, "bf16": 332.8e9}, 30e9, 30e9
+    ),
 }
 
 
@@ -110,9 +123,14 @@ class Fabric:
 # (16 x 200 Gbps); p5.48xlarge 3,200 Gbps of EFA over 32 cards for 8 H100 (32 x 100 Gbps).
 # NIXL's LIBFABRIC backend registers each GPU's KV on the rails of its PCIe switch (the seed's
 # appendix: 2 of the 16 on p5en), so one GPU reads at 2 x 200 Gb/s = 50 GB/s.
+#
+# The local rig's NIXL runs UCX over TCP on 127.0.0.1: a kernel copy with no line rate, given a
+# nominal 100 Gb/s so that a link efficiency fitted on the rig (disagg plan --calibrate) is a
+# fraction of that figure.
 FABRICS: dict[str, Fabric] = {
     "p5en-efa": Fabric("AWS p5en EFAv3 (16 x 200 Gb/s, 2 rails per GPU)", 2, 200.0),
     "p5-efa": Fabric("AWS p5 EFA (32 x 100 Gb/s, 4 rails per GPU)", 4, 100.0),
+    "loopback-tcp": Fabric("UCX over loopback TCP (nominal 100 Gb/s)", 1, 100.0),
 }
 
 

@@ -147,11 +147,21 @@ class TurnCosts:
         return self.prefill_on + self.handoff
 
 
-def turn_costs(deployment: Deployment, prompt: int) -> TurnCosts:
-    """Cost terms of one turn of ``prompt`` tokens (see the module docstring)."""
+def turn_costs(
+    deployment: Deployment, prompt: int, reused: int | None = None, suffix: int | None = None
+) -> TurnCosts:
+    """Cost terms of one turn of ``prompt`` tokens (see the module docstring).
+
+    ``reused`` (the prefix ON reads back) and ``suffix`` (the new tokens handed to decode)
+    default to the deployment's whole blocks before its suffix and its suffix; a measured turn
+    passes its own.
+    """
     if prompt < 1:
         raise ValueError(f"prompt length must be >= 1 token, got {prompt}")
-    reused = deployment.reused_tokens(prompt)
+    reused = deployment.reused_tokens(prompt) if reused is None else reused
+    suffix = deployment.suffix_tokens if suffix is None else suffix
+    if not 0 <= reused < prompt:
+        raise ValueError(f"reused tokens must be in [0, {prompt}), got {reused}")
     computed = prompt - reused
     step = Cost(steps=1)
     kv_read = deployment.transfer(reused)
@@ -161,7 +171,7 @@ def turn_costs(deployment: Deployment, prompt: int) -> TurnCosts:
         prefill_off=step + deployment.compute(0, prompt),
         prefill_on=step + kv_read + deployment.compute(reused, computed),
         kv_transfer=kv_read,
-        handoff=deployment.transfer(min(deployment.suffix_tokens, prompt)),
+        handoff=deployment.transfer(min(suffix, prompt)),
     )
 
 

@@ -1,4 +1,4 @@
-"""Text and JSON renderings of a plan and of the calibration report."""
+"""Text and JSON renderings of a plan, of the published-points calibration and of a fit on a run."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from disagg.plan import calibration
-from disagg.plan.calibration import PointError, PublishedPoint
+from disagg.plan.calibration import PointError, PublishedPoint, Quantity
 from disagg.plan.feasibility import GrowthCheck, growth_checks
+from disagg.plan.measured import HELD_OUT_BOUND, MeasuredError, RunFit
 from disagg.plan.physics import Efficiency, kv_bytes_per_token_per_gpu
 from disagg.plan.predict import Deployment, Prediction
 
@@ -22,6 +23,8 @@ class Plan:
     efficiency: Efficiency
     predictions: Sequence[Prediction]
     recompute_threshold: int | None
+    source: str | None = None
+    """Where the constants come from when not the command line or the shipped calibration."""
 
 
 def _align(rows: Sequence[Sequence[str]]) -> list[str]:
@@ -86,7 +89,7 @@ def plan_text(plan: Plan) -> str:
         _describe_model(plan.deployment),
         _describe_deployment(plan.deployment),
         f"constants: {describe_efficiency(plan.efficiency)}",
-        _calibration_note(plan.efficiency),
+        plan.source or _calibration_note(plan.efficiency),
         "",
     ]
     columns = ("prompt", "reused", "TTFT off", "TTFT on", "off/on", "KV/GPU", "KV read", "floor")
@@ -228,22 +231,33 @@ def growth_text() -> list[str]:
     ]
 
 
+def _worst_text(errs: Sequence[PointError]) -> str:
+    worst = max(errs, key=lambda e: abs(e.relative_error))
+    point = worst.point
+    return (
+        f"{abs(worst.relative_error):.0%} ({point.quantity.value} at {point.prompt_tokens} "
+        f"tokens, {worst.relative_error:+.0%})"
+    )
+
+
 def calibration_text(report: CalibrationReport) -> str:
-    """Every published point with its predictions under both fits, then the verdicts."""
+    """Every published point with its predictions under the joint fit, the fit on Qwen3-32B
+    and its own model's fit alone, then the verdicts and each model's worst point alone."""
     qwen, glm = calibration.PUBLISHED_MODELS
     glm_alone = report.alone[glm]
     points = calibration.PUBLISHED_POINTS
     joint = calibration.errors(report.joint, points)
     cross = calibration.errors(report.qwen_only, points)
-    glm_self = calibration.max_abs_error(calibration.errors(glm_alone, calibration.points_of(glm)))
-    qwen_self = calibration.max_abs_error(
-        calibration.errors(report.qwen_only, calibration.points_of(qwen))
-    )
+    own_fit = {qwen: report.qwen_only, glm: glm_alone}
+    alone = [calibration.errors(own_fit[p.model], [p])[0] for p in points]
+    glm_self = [e for e in alone if e.point.model == glm]
+    qwen_self = [e for e in alone if e.point.model == qwen]
     rows = [
-        ["model", "quantity", "tokens", "published", "fit both", "error", "fit Qwen", "error"],
-        ["", "", "", "ms", "ms", "", "ms", ""],
-    ]
-    rows += [_row(p, (a, b)) for p, a, b in zip(points, joint, cross, strict=True)]
+        ["model", "quantity", "tokens", "published", "fit both", "error", "fit Qwen", "error",
+         "fit alone", "error"],
+        ["", "", "", "ms", "ms", "", "ms", "", "ms", ""],
+    ]  # fmt: skip
+    rows += [_row(p, (a, b, c)) for p, a, b, c in zip(points, joint, cross, alone, strict=True)]
     table = _align(rows)
     lines = [
         "Calibration on the published AWS P5en points (1P1D, 8 x H200 per node, TP 8, EFA)",
@@ -257,11 +271,106 @@ def calibration_text(report: CalibrationReport) -> str:
         f"{_verdict(report.joint_max_error(), calibration.JOINT_BOUND)}",
         f"fitted on Qwen3-32B alone, worst GLM-5-FP8 point: "
         f"{_verdict(report.cross_model_max_error(), calibration.CROSS_MODEL_BOUND)}",
-        "each model fitted alone, worst own point: "
-        f"Qwen3-32B {qwen_self:.0%}, GLM-5-FP8 {glm_self:.0%}",
+        f"Qwen3-32B fitted alone, worst own point: {_worst_text(qwen_self)}",
+        f"GLM-5-FP8 fitted alone, worst own point: {_worst_text(glm_self)}",
         f"implied compute efficiency: Qwen3-32B {report.qwen_only.compute:.1%}, "
         f"GLM-5-FP8 {glm_alone.compute:.1%} of the roofline",
         "",
         *growth_text(),
     ]
     return "\n".join(lines) + "\n"
+
+
+def _measured_row(err: MeasuredError) -> list[str]:
+    point = err.point
+    return [
+        point.quantity.value,
+        str(point.prompt_tokens),
+        str(point.reused_tokens),
+        f"{point.ms:.0f}",
+        f"{err.predicted_ms:.0f}",
+        f"{err.relative_error:+.0%}",
+        "fit" if err.fitted else "held out",
+    ]
+
+
+def _where(err: MeasuredError | None) -> str:
+    if err is None:
+        return "none"
+    point = err.point
+    return f"{err.relative_error:+.0%} ({point.quantity.value} at {point.prompt_tokens} tokens)"
+
+
+_TTFT = (Quantity.TTFT_OFF, Quantity.TTFT_ON)
+
+
+def held_out_ttft_error(fitted: RunFit) -> float | None:
+    """Largest |error| of TTFT off and on over the held-out lengths (``None``: none held out)."""
+    held = [e for e in fitted.errors if not e.fitted and e.point.quantity in _TTFT]
+    return max((abs(e.relative_error) for e in held), default=None)
+
+
+def run_fit_text(fitted: RunFit, source: str) -> str:
+    """The constants fitted on a run, every point's error, the worst fitted and held out."""
+    deployment = fitted.deployment
+    fit_range = (
+        f"all {fitted.lengths} lengths"
+        if fitted.fit_lengths == fitted.lengths
+        else f"the {fitted.fit_lengths} shortest of {fitted.lengths} lengths"
+    )
+    rows = [
+        ["quantity", "prompt", "reused", "measured", "predicted", "error", ""],
+        ["", "tokens", "tokens", "ms", "ms", "", ""],
+    ]
+    rows += [_measured_row(err) for err in fitted.errors]
+    lines = [
+        f"Calibration on {source} (least squares of the relative errors)",
+        _describe_model(deployment),
+        f"measured on: TP {deployment.tp} x {deployment.gpu.name}, {deployment.fabric.name}",
+        f"fitted on {fit_range}: {describe_efficiency(fitted.efficiency)}",
+        "",
+        *_align(rows),
+        "",
+        f"worst fitted point: {_where(fitted.worst(fitted=True))}",
+    ]
+    held = held_out_ttft_error(fitted)
+    if held is not None:
+        lines += [
+            f"worst held-out point: {_where(fitted.worst(fitted=False))}",
+            f"held-out TTFT off and on, worst: {_verdict(held, HELD_OUT_BOUND)}",
+        ]
+    eff = fitted.efficiency
+    lines += [
+        "the same constants for another shape: disagg plan --model ... --gpu ... --tp ... "
+        f"--compute-efficiency {eff.compute:.4f} --link-efficiency {eff.link:.4f} "
+        f"--fixed-overhead-ms {eff.fixed_overhead_s * 1e3:.2f}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def run_fit_json(fitted: RunFit, source: str) -> dict[str, Any]:
+    """The fit on a run as JSON-ready data."""
+    eff = fitted.efficiency
+    return {
+        "run": source,
+        "fit_lengths": fitted.fit_lengths,
+        "lengths": fitted.lengths,
+        "efficiency": {
+            "compute": eff.compute,
+            "link": eff.link,
+            "fixed_overhead_ms": eff.fixed_overhead_s * 1e3,
+        },
+        "points": [
+            {
+                "quantity": err.point.quantity.value,
+                "prompt_tokens": err.point.prompt_tokens,
+                "reused_tokens": err.point.reused_tokens,
+                "measured_ms": err.point.ms,
+                "predicted_ms": err.predicted_ms,
+                "relative_error": err.relative_error,
+                "fitted": err.fitted,
+            }
+            for err in fitted.errors
+        ],
+        "held_out_ttft_max_error": held_out_ttft_error(fitted),
+    }
