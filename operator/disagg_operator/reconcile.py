@@ -103,9 +103,10 @@ class Memory:
     """Everything the reconciler keeps between passes, per model uid, and why.
 
     kopf's indexes are the operator's view of the cluster and the pass is a function of that
-    view. Each piece here makes up for something the view alone does not give, and each is
-    kept because `benchmarks/operator_scale.py` shows what it saves (the runs without it are
-    in benchmarks/README.md):
+    view. Each piece here makes up for something the view alone does not give. The first is
+    needed for correctness; the other three only save work, and each is kept because
+    `benchmarks/operator_scale.py` shows what it saves (runs without each one are in
+    benchmarks/README.md):
 
     - turns: one pass of a model at a time (an asyncio lock per model, gone once no pass
       holds or awaits it). Child events come from other watch streams than the model's own
