@@ -12,6 +12,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from types import MappingProxyType
+from typing import TypedDict
 
 
 class Role(enum.StrEnum):
@@ -40,6 +41,9 @@ EXTRA_RECOMPUTE_THRESHOLD = "kv_recompute_threshold"
 """``kv_connector_extra_config`` key: fewest reusable tokens worth a D->P read."""
 EXTRA_BACKENDS = "backends"
 """``kv_connector_extra_config`` key: NIXL transport backends (UCX or LIBFABRIC)."""
+EXTRA_LEASE_TERM = "disagg_lease_term_s"
+"""``kv_connector_extra_config`` key: seconds decode keeps a retention past its last renewal
+(see :func:`lease_term_s`); the decoder TTL still caps the retention's whole life."""
 
 # --- kv_transfer_params: what decode offers and prefill reads ------------------------------
 KV_TRANSFER_PARAMS = "kv_transfer_params"
@@ -58,6 +62,88 @@ OFFER_KEY = "disagg_offer"
 the engine that publishes retained KV signs it, the engine that would read that KV checks it."""
 OFFER_WIRE_VERSION = 1
 """Version of the signed envelope's wire format; a reader refuses any version it does not know."""
+RETAIN_KEY = "disagg_retain"
+"""Set to ``true`` by the router in the params it sends decode for a turn of a conversation:
+decode retains the finished request's KV for a D->P read only when asked (every other request
+frees its blocks at once, as with bidirectional off)."""
+LEASE_KEY = "disagg_lease"
+"""In an offer decode publishes: ``{"port": P, "term_s": T}``, where decode's lease service
+listens (on ``remote_host``) and how long a retention lives past its last renewal. Signed with
+the offer."""
+
+# --- Leases: decode's retained KV, held for the router and claimed by prefill ---------------
+# Decode serves these on its lease port (JSON over HTTP, ``Authorization: Bearer <engine
+# credential>`` when the engines have one). A lease is named by decode's request id and the
+# offer id of its signed envelope: {"request": "<remote_request_id>", "offer": "<id>"}.
+LEASE_CLAIM_PATH = "/disagg/v1/leases/claim"
+"""POST {"request", "offer", "claimant"} -> {"granted": bool, "reason": str}: prefill asks, at
+each scheduling attempt, before it reads. Decode grants one claimant per retention, then holds
+the blocks for CLAIM_HOLD_S past the last grant whatever else happens (release, lease expiry,
+memory pressure), so a read that starts within the hold never sees freed blocks."""
+LEASE_RENEW_PATH = "/disagg/v1/leases/renew"
+"""POST {"leases": [{"request", "offer"}, ...]} -> {"gone": [{"request", "offer"}, ...]}: the
+router extends the leases of open conversations; ``gone`` names the ones decode no longer holds."""
+LEASE_RELEASE_PATH = "/disagg/v1/leases/release"
+"""POST {"leases": [{"request", "offer", "reason"}, ...]} -> {"released": int}: the router drops
+retentions it will never offer again (superseded, evicted, expired, idle, closed)."""
+CLAIM_HOLD_S = 30.0
+"""Seconds decode keeps a claimed retention after the last grant (decode's clock)."""
+CLAIM_TRUST_S = CLAIM_HOLD_S / 2
+"""Seconds after sending a granted claim within which prefill may start the read (prefill's
+clock: the grant happened after the send, so decode's hold outlasts this window whatever the
+two clocks say)."""
+
+
+class ReleaseReason(enum.StrEnum):
+    """Why the router releases a lease (the ``reason`` of a release, a metric label)."""
+
+    SUPERSEDED = "superseded"
+    """The conversation's next turn made a new retention (and did not read this one)."""
+    EVICTED = "evicted"
+    """The router's conversation store evicted the entry (capacity)."""
+    LAPSED = "lapsed"
+    """The router's entry outlived the retention it names (decoder TTL)."""
+    IDLE = "idle"
+    """No turn within the idle timeout."""
+    CLOSED = "closed"
+    """The client closed the conversation (DELETE)."""
+
+
+DEFAULT_IDLE_TIMEOUT_S = 120
+"""Seconds without a turn after which a conversation's retained KV is released."""
+
+
+def renewal_period_s(idle_timeout_s: float) -> float:
+    """How often the router renews the leases of open conversations (and checks idleness)."""
+    return min(max(idle_timeout_s / 4, 1.0), 15.0)
+
+
+def lease_term_s(idle_timeout_s: float) -> float:
+    """How long decode keeps a retention past its last renewal: three renewal periods, so one
+    lost renewal costs nothing and a router that stops renewing frees decode soon after."""
+    return 3 * renewal_period_s(idle_timeout_s)
+
+
+REUSE_SUMMARY_PATH = "/disagg/v1/reuse"
+"""GET on the router -> :class:`ReuseSummary` as JSON: what the operator copies into status."""
+
+
+class ReuseSummary(TypedDict):
+    """The router's reuse counters since it started (the operator sums them over replicas)."""
+
+    turns: int
+    """Conversation turns served (turns that carried a conversation id)."""
+    hits: int
+    """Turns whose prompt was partly read back from decode (D->P)."""
+    reused_tokens: int
+    """Prompt tokens read back from decode instead of recomputed."""
+    recomputed_tokens: int
+    """Prompt tokens prefill computed on conversation turns."""
+    leases_held: int
+    """Decode retentions the router holds now."""
+    released: dict[str, int]
+    """Leases released, by :class:`ReleaseReason` value and ``gone`` (decode had freed it)."""
+
 
 # --- Ports -----------------------------------------------------------------------------------
 ENGINE_PORT = 8000
@@ -66,12 +152,16 @@ ROUTER_PORT = 8000
 """The HTTP port of `disagg router`."""
 SIDE_CHANNEL_PORT = 5600
 """The default NIXL side-channel port (handshakes between prefill and decode)."""
+LEASE_PORT = 5700
+"""The default port of decode's lease service (claims from prefill, renewals from the router)."""
 
 # --- Environment variables -------------------------------------------------------------------
 SIDE_CHANNEL_HOST_ENV = "VLLM_NIXL_SIDE_CHANNEL_HOST"
 """The address vLLM's NIXL side channel binds and advertises as ``remote_host``."""
 SIDE_CHANNEL_PORT_ENV = "VLLM_NIXL_SIDE_CHANNEL_PORT"
 """The NIXL side-channel port vLLM binds and advertises as ``remote_port``."""
+LEASE_PORT_ENV = "DISAGG_LEASE_PORT"
+"""The port decode's lease service binds on the side-channel host (default LEASE_PORT)."""
 POD_IP_ENV = "POD_IP"
 """The pod's IP (downward API); the launcher's default side-channel host."""
 ENGINE_API_KEY_ENV = "VLLM_API_KEY"
