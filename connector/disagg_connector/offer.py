@@ -13,12 +13,12 @@ nobody can check is never granted. Prefill-to-decode offers are then accepted un
 (vLLM's own P/D, verdict ``unchecked``) so that a deployment without a key still serves; with
 a key they are checked like the others.
 
-What single use covers: a replay to the engine that accepted the offer, for as long as the
-offer lives, in bounded memory, and across that engine's restarts (an offer issued before the
-engine started is refused: it may have been read by the engine's previous life). It does not
-cover a replay to another replica of the reading role: vLLM's pull protocol reads the blocks
-one-sidedly (the owner is told only after the read), so the owner cannot refuse a second
-reader.
+What single use covers here: a replay to the engine that accepted the offer, for as long as
+the offer lives, in bounded memory, and across that engine's restarts (an offer issued before
+the engine started is refused: it may have been read by the engine's previous life). A replay
+to another replica of the reading role is stopped by the owner instead: vLLM's pull protocol
+reads the blocks one-sidedly, so before a decode-to-prefill read prefill claims the retention
+on decode, and decode grants it to one reader only (see :mod:`retention`).
 """
 
 from __future__ import annotations

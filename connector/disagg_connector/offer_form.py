@@ -16,7 +16,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from disagg_contract import EXPIRES_AT_KEY, OFFER_KEY, TOKEN_DIGEST_KEY
+from disagg_contract import EXPIRES_AT_KEY, LEASE_KEY, OFFER_KEY, TOKEN_DIGEST_KEY
 
 MAX_ID_CHARS = 256
 """Longest engine id, request id or host an offer may name."""
@@ -41,9 +41,10 @@ OFFERED_FIELDS = (
     "transfer_mode",
     TOKEN_DIGEST_KEY,
     EXPIRES_AT_KEY,
+    LEASE_KEY,
 )
 """The fields that describe where the offered KV is: what vLLM's pull scheduler and worker read,
-and our digest and expiry."""
+and our digest, expiry and lease service."""
 REMOTE_FIELDS = (*OFFERED_FIELDS, OFFER_KEY)
 """Every field that describes KV to read: what a refused offer loses."""
 
@@ -127,6 +128,8 @@ def form_problem(
             return f"{key} {problem}"
     if params.get("transfer_mode") not in (None, "pull"):
         return "transfer_mode is not pull"
+    if (problem := _lease_problem(params.get(LEASE_KEY))) is not None:
+        return f"{LEASE_KEY} {problem}"
     return _blocks_problem(
         params.get("remote_block_ids"),
         params["remote_num_tokens"],
@@ -134,6 +137,18 @@ def form_problem(
         block_size=block_size,
         exact_block_counts=exact_block_counts,
     )
+
+
+def _lease_problem(value: object) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        return "is not an object"
+    if (problem := _int_problem(value.get("port"), 1, 65535, True)) is not None:
+        return f"port {problem}"
+    if (problem := _time_problem(value.get("term_s"))) is not None:
+        return f"term_s {problem}"
+    return None
 
 
 def _text_problem(value: object) -> str | None:

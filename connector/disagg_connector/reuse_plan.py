@@ -27,7 +27,8 @@ class Verdict(enum.StrEnum):
     """What became of an offer: read as offered, cut, or refused, and why.
 
     The first group is decided on the offer itself before anything reads it (see
-    :mod:`offer`); the second by checking decode's digest against the new prompt.
+    :mod:`offer`); the second by checking decode's digest against the new prompt, and the
+    last by decode's answer to the claim before the read (see :mod:`retention`).
     """
 
     MALFORMED = "malformed"
@@ -54,6 +55,9 @@ class Verdict(enum.StrEnum):
     PARTIAL_HYBRID = "partial-hybrid"
     PROMPT_EMBEDS = "prompt-embeds"
     """The prompt comes as embeddings, which the digest does not cover."""
+    UNCLAIMED = "unclaimed"
+    """Decode refused (or did not answer) the claim prefill makes before each read: the KV was
+    released, freed for live requests, lapsed, or claimed by another reader."""
 
 
 @dataclass(frozen=True)

@@ -4,16 +4,26 @@ Publishing (``request_finished``): when a finished request's blocks are retained
 engine to read, decode adds the digest of the exact tokens that KV holds and its wall-clock
 expiry, and either role signs the offer (see :mod:`offer`).
 
+Retaining (decode): a finished request's KV is retained only when the router asked for it
+(``RETAIN_KEY``, turns of a conversation) and decode can sign the offer; every other request
+frees its blocks at once. A retention is a lease (see :mod:`retention`): decode's lease service
+(see :mod:`lease_service`) lets the router renew and release it and prefill claim it; memory
+pressure (a waiting request asked about again, a preemption) releases the least recently
+renewed ones. Freeing goes through vLLM's own path: the retention's deadline in the worker is
+moved to now.
+
 Reading: an offer is admitted when the request arrives (``on_new_request``, the first hook
 that sees it, before vLLM's pull scheduler reads any field): its shape is checked (see
 :mod:`offer_form`), then its signature, expiry and single use. A refused offer is stripped,
 so the request is served as a recompute, and counted by verdict. An admitted D->P offer is
 then checked against the prompt and cut to the longest verified block-aligned prefix (see
-:mod:`reuse_plan`) when vLLM first asks how much to pull.
+:mod:`reuse_plan`) when vLLM first asks how much to pull, and claimed on decode at every
+scheduling attempt that would read it; a refused claim is a recompute.
 """
 
 from __future__ import annotations
 
+import collections
 import os
 import time
 from typing import TYPE_CHECKING, Any
@@ -25,6 +35,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.nixl.pull_scheduler import (
 from vllm.logger import init_logger
 
 from disagg_connector.idle_wait import EngineInputWaiter
+from disagg_connector.lease_service import ClaimTarget, LeaseService, claim
 from disagg_connector.offer import OfferSigner, load_offer_keys, model_identity
 from disagg_connector.offer_form import (
     Direction,
@@ -39,9 +50,25 @@ from disagg_connector.prefix_digest import (
     TokenDigest,
     TokenRangeError,
 )
+from disagg_connector.retention import FreeReason, Grant, RetentionTable
 from disagg_connector.reuse_plan import ReusePlan, Verdict, cut_params, plan_reuse
-from disagg_connector.stats import DisaggKVConnectorStats
-from disagg_contract import EXPIRES_AT_KEY, KV_ROLE, TOKEN_DIGEST_KEY, Role
+from disagg_connector.stats import GRANTED, DisaggKVConnectorStats
+from disagg_contract import (
+    CLAIM_HOLD_S,
+    CLAIM_TRUST_S,
+    ENGINE_API_KEY_ENV,
+    EXPIRES_AT_KEY,
+    EXTRA_LEASE_TERM,
+    KV_ROLE,
+    LEASE_CLAIM_PATH,
+    LEASE_KEY,
+    LEASE_PORT,
+    LEASE_PORT_ENV,
+    OFFER_KEY,
+    RETAIN_KEY,
+    TOKEN_DIGEST_KEY,
+    Role,
+)
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -54,6 +81,10 @@ if TYPE_CHECKING:
 
 # Under vLLM's logger tree, so the lines go through vLLM's handlers and format.
 logger = init_logger(f"vllm.{__name__}")
+
+CLAIM_RECHECK_S = 0.5
+"""Scheduling attempts within this long of a granted claim reuse it instead of asking decode
+again (decode holds the blocks for CLAIM_HOLD_S past the grant, far longer)."""
 
 
 def prompt_inputs(request: Request) -> PromptInputs:
@@ -100,12 +131,58 @@ class DisaggConnectorScheduler(NixlPullConnectorScheduler):
         self._plans: dict[str, ReusePlan] = {}
         self._live_requests: set[str] = set()
         self._retained_requests: set[str] = set()
+        self._credential = os.environ.get(ENGINE_API_KEY_ENV) or None
+        self._claimed_at: dict[str, float] = {}
+        self.retentions: RetentionTable | None = None
+        self._lease_service: LeaseService | None = None
+        if (
+            self._reads is Direction.PREFILL_TO_DECODE
+            and self.is_bidirectional_kv_xfer_enabled
+            and keys is not None
+        ):
+            self._start_lease_service(vllm_config)
+        self._claim_answers: collections.deque[str] = collections.deque()
+        self._asked: dict[str, int] = {}
+        self._pressure_blocks = 0
+        self._freeing_for_pressure: set[str] = set()
+        self._retained_seen = (0, 0)
         self._idle_waiter = EngineInputWaiter.from_env()
         if self._idle_waiter is not None:
             logger.info(
                 "Idle steps holding only retained KV wait up to %.0f ms for input",
                 self._idle_waiter.timeout_s * 1000,
             )
+
+    def _start_lease_service(self, vllm_config: VllmConfig) -> None:
+        """Decode: hold retentions as leases and serve them on the lease port."""
+        term = vllm_config.kv_transfer_config.get_from_extra_config(EXTRA_LEASE_TERM, None)
+        self.retentions = RetentionTable(
+            float(term) if term else None, CLAIM_HOLD_S, clock=time.perf_counter
+        )
+        port = int(os.environ.get(LEASE_PORT_ENV, LEASE_PORT))
+        port += vllm_config.parallel_config.data_parallel_index
+        self._lease_service = LeaseService(
+            self.retentions, self.side_channel_host, port, self._credential, self._count_call
+        )
+        self._lease_service.start()
+        logger.info(
+            "Lease service on %s:%d; retentions live %s past their last renewal, at most %ss",
+            self.side_channel_host,
+            port,
+            f"{float(term):.0f}s" if term else "until read (no lease term)",
+            self.decoder_kv_blocks_ttl,
+        )
+
+    def _count_call(self, path: str, result: dict[str, Any]) -> None:
+        """Count decode's answer to a claim (called on the lease service's threads)."""
+        if path == LEASE_CLAIM_PATH:
+            self._claim_answers.append(GRANTED if result["granted"] else str(result["reason"]))
+
+    @override
+    def shutdown(self) -> None:
+        if self._lease_service is not None:
+            self._lease_service.stop()
+        super().shutdown()
 
     @override
     def on_new_request(self, request: Request) -> None:
@@ -187,12 +264,63 @@ class DisaggConnectorScheduler(NixlPullConnectorScheduler):
     def get_num_new_matched_tokens(
         self, request: Request, num_computed_tokens: int
     ) -> tuple[int, bool]:
+        if self.retentions is not None:
+            self._note_ask(request, num_computed_tokens)
         if request.request_id in self._admitted:
             self._admitted.discard(request.request_id)
             params = request.kv_transfer_params
             assert params is not None
             self._verify_offer(request, params)
-        return super().get_num_new_matched_tokens(request, num_computed_tokens)
+        count, load_async = super().get_num_new_matched_tokens(request, num_computed_tokens)
+        if count and request.request_id in self._plans and not self._claim(request):
+            return 0, False
+        return count, load_async
+
+    def _note_ask(self, request: Request, num_computed_tokens: int) -> None:
+        """Decode: a request asked about again found no room; retained KV makes way for it."""
+        asks = self._asked.get(request.request_id, 0) + 1
+        self._asked[request.request_id] = asks
+        if asks > 1:
+            missing = request.num_tokens - num_computed_tokens
+            self._pressure_blocks = max(self._pressure_blocks, -(-missing // self.block_size))
+
+    def _claim(self, request: Request) -> bool:
+        """Prefill: whether decode still grants this request the read of its retained KV.
+
+        Asked at every scheduling attempt that would read; an answer from within
+        CLAIM_RECHECK_S is reused. A refused (or unanswered) claim turns the offer into a
+        recompute, counted as ``unclaimed``.
+        """
+        params = request.kv_transfer_params
+        assert params is not None
+        now = time.perf_counter()
+        claimed_at = self._claimed_at.get(request.request_id)
+        if claimed_at is not None and now - claimed_at < min(CLAIM_RECHECK_S, CLAIM_TRUST_S):
+            return True
+        lease, envelope = params.get(LEASE_KEY), params.get(OFFER_KEY)
+        if lease is None or envelope is None:
+            answer: Grant | str = f"the offer names no lease service ({LEASE_KEY})"
+        else:
+            target = ClaimTarget(
+                params["remote_host"], lease["port"], params["remote_request_id"], envelope["id"]
+            )
+            answer = claim(target, f"{self.engine_id}:{request.request_id}", self._credential)
+        if isinstance(answer, Grant) and answer.granted:
+            self._claimed_at[request.request_id] = now
+            return True
+        reason = answer if isinstance(answer, str) else f"decode refused: {answer.refusal}"
+        plan = self._plans[request.request_id]
+        self._plans[request.request_id] = ReusePlan(
+            Verdict.UNCLAIMED, plan.offered_tokens, plan.usable_tokens, 0
+        )
+        self._claimed_at.pop(request.request_id, None)
+        refuse(params)
+        logger.warning(
+            "Claim of the D->P offer for %s refused (%s); serving it as a recompute",
+            request.request_id,
+            reason,
+        )
+        return False
 
     def _verify_offer(self, request: Request, params: dict[str, Any]) -> None:
         """Cut an admitted D->P offer to the prefix of the prompt decode's digest verifies."""
@@ -208,7 +336,6 @@ class DisaggConnectorScheduler(NixlPullConnectorScheduler):
             plan = ReusePlan(Verdict.PROMPT_EMBEDS, plan.offered_tokens, plan.usable_tokens, 0)
         cut_params(params, plan, self.block_size)
         self._plans[request.request_id] = plan
-        self.reuse_stats.record_verdict(Direction.DECODE_TO_PREFILL, plan.verdict)
         logger.info(
             "D->P offer for %s from engine %s: %s, offered %d tokens, usable %d, verified %d, "
             "rejected %d",
@@ -225,8 +352,11 @@ class DisaggConnectorScheduler(NixlPullConnectorScheduler):
     def update_state_after_alloc(
         self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
     ) -> None:
+        self._asked.pop(request.request_id, None)
+        self._claimed_at.pop(request.request_id, None)
         plan = self._plans.pop(request.request_id, None)
         if plan is not None:
+            self.reuse_stats.record_verdict(Direction.DECODE_TO_PREFILL, plan.verdict)
             self.reuse_stats.record_reuse(num_external_tokens, plan.rejected_tokens)
             logger.info(
                 "D->P reuse for %s: reading %d tokens from decode, recomputing %d rejected",
@@ -242,12 +372,30 @@ class DisaggConnectorScheduler(NixlPullConnectorScheduler):
     ) -> tuple[bool, dict[str, Any] | None]:
         self._live_requests.discard(request.request_id)
         self._admitted.discard(request.request_id)
-        self._plans.pop(request.request_id, None)
+        self._asked.pop(request.request_id, None)
+        self._claimed_at.pop(request.request_id, None)
+        plan = self._plans.pop(request.request_id, None)
+        if plan is not None:
+            self.reuse_stats.record_verdict(Direction.DECODE_TO_PREFILL, plan.verdict)
+        asked = request.kv_transfer_params
         delay_free, params = super().request_finished(request, block_ids)
+        keep = self.retentions is not None and isinstance(asked, dict) and asked.get(RETAIN_KEY)
+        if delay_free and params is not None and params.get("do_remote_decode") and not keep:
+            # Nobody will read it back: free the blocks now, as with bidirectional off.
+            self._reqs_need_send.pop(request.request_id, None)
+            self._reqs_not_processed.add(request.request_id)
+            return False, None
         if delay_free:
             self._retained_requests.add(request.request_id)
         if delay_free and params is not None:
             self._publish(request, params)
+            if self.retentions is not None and params.get("do_remote_decode"):
+                self.retentions.retain(
+                    request.request_id,
+                    params[OFFER_KEY]["id"],
+                    sum(len(group) for group in params["remote_block_ids"]),
+                    float(self.decoder_kv_blocks_ttl),
+                )
         return delay_free, params
 
     def _publish(self, request: Request, params: dict[str, Any]) -> None:
@@ -258,6 +406,11 @@ class DisaggConnectorScheduler(NixlPullConnectorScheduler):
             return
         expires_at = now + float(self.decoder_kv_blocks_ttl)
         params[EXPIRES_AT_KEY] = expires_at
+        if self._lease_service is not None and self.retentions is not None:
+            params[LEASE_KEY] = {
+                "port": self._lease_service.port,
+                "term_s": self.retentions.lease_term_s,
+            }
         if request.prompt_embeds is None:
             self._publish_digest(request, params)
         self.signer.sign(params, now, expires_at)
@@ -277,9 +430,14 @@ class DisaggConnectorScheduler(NixlPullConnectorScheduler):
         super().update_connector_output(connector_output)
         for req_id in connector_output.finished_sending or ():
             self._retained_requests.discard(req_id)
+            self._freeing_for_pressure.discard(req_id)
+            if self.retentions is not None and (reason := self.retentions.forget(req_id)):
+                self.reuse_stats.record_free(reason)
 
     @override
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
+        if self.retentions is not None:
+            self._free_due(scheduler_output)
         if (
             self._idle_waiter is not None
             and self._retained_requests
@@ -290,8 +448,34 @@ class DisaggConnectorScheduler(NixlPullConnectorScheduler):
             self._idle_waiter.wait()
         return super().build_connector_meta(scheduler_output)
 
+    def _free_due(self, scheduler_output: SchedulerOutput) -> None:
+        """Decode: free the retentions that are due, making room first if live requests wait.
+
+        A retention is freed through vLLM's worker: its deadline moves to now, and the worker
+        reports it sent, so the scheduler frees its blocks as after a read.
+        """
+        assert self.retentions is not None
+        if scheduler_output.preempted_req_ids:
+            self._pressure_blocks = max(self._pressure_blocks, 1)
+        if self._pressure_blocks and not self._freeing_for_pressure:
+            self.retentions.release_for_pressure(self._pressure_blocks)
+        self._pressure_blocks = 0
+        now = time.perf_counter()
+        for req_id, reason in self.retentions.take_due():
+            self._reqs_need_send[req_id] = now
+            self.reuse_stats.record_free(reason)
+            if reason is FreeReason.PRESSURE:
+                self._freeing_for_pressure.add(req_id)
+
     def take_stats(self) -> DisaggKVConnectorStats | None:
         """Hand over the reuse and verdict counts gathered since the last call, if any."""
+        while self._claim_answers:
+            self.reuse_stats.record_claim(self._claim_answers.popleft())
+        if self.retentions is not None:
+            retained = (len(self.retentions), self.retentions.held_blocks())
+            if retained != self._retained_seen:
+                self._retained_seen = retained
+                self.reuse_stats.record_retained(*retained)
         if self.reuse_stats.is_empty():
             return None
         return self.reuse_stats.clone_and_reset()

@@ -1,9 +1,10 @@
 """Connector stats and Prometheus metrics: NIXL's, plus verified-prefix reuse and offer verdicts.
 
 The counts ride in vLLM's connector stats, so they show up in the periodic
-``KV Transfer metrics:`` log line of the server and as Prometheus counters: tokens reused and
-rejected (prefill), and every offer an engine was asked to read by direction and verdict
-(``vllm:disagg_kv_offers_total{direction=..., verdict=...}``), refusals included.
+``KV Transfer metrics:`` log line of the server and as Prometheus metrics: tokens reused and
+rejected (prefill), every offer an engine was asked to read by direction and verdict
+(``vllm:disagg_kv_offers_total{direction=..., verdict=...}``), refusals included, and on decode
+the retentions it holds, why it freed each one and how it answered claims.
 """
 
 from __future__ import annotations
@@ -24,12 +25,25 @@ from vllm.distributed.kv_transfer.kv_connector.v1.nixl.stats import (
 from vllm.v1.metrics.utils import create_metric_per_engine
 
 from disagg_connector.offer_form import Direction
+from disagg_connector.retention import ClaimRefusal, FreeReason
 from disagg_connector.reuse_plan import Verdict
 
 REUSED_TOKENS = "disagg_reused_tokens"
 REJECTED_TOKENS = "disagg_rejected_tokens"
 OFFER_VERDICTS = "disagg_offer_verdicts"
-_REUSE_KEYS = (REUSED_TOKENS, REJECTED_TOKENS, OFFER_VERDICTS)
+RETENTION_FREES = "disagg_retention_frees"
+CLAIM_ANSWERS = "disagg_claim_answers"
+RETAINED = "disagg_retained"
+_REUSE_KEYS = (
+    REUSED_TOKENS,
+    REJECTED_TOKENS,
+    OFFER_VERDICTS,
+    RETENTION_FREES,
+    CLAIM_ANSWERS,
+    RETAINED,
+)
+GRANTED = "granted"
+"""The ``outcome`` of a granted claim (the others are :class:`ClaimRefusal` values)."""
 
 
 class DisaggKVConnectorStats(NixlKVConnectorStats):
@@ -50,6 +64,18 @@ class DisaggKVConnectorStats(NixlKVConnectorStats):
         """Record what became of one offer this engine was asked to read."""
         self.data[OFFER_VERDICTS].append(f"{direction.value}:{verdict.value}")
 
+    def record_free(self, reason: FreeReason) -> None:
+        """Record why decode stopped holding one retention."""
+        self.data[RETENTION_FREES].append(reason.value)
+
+    def record_claim(self, outcome: str) -> None:
+        """Record decode's answer to one claim: ``granted`` or the refusal."""
+        self.data[CLAIM_ANSWERS].append(outcome)
+
+    def record_retained(self, requests: int, blocks: int) -> None:
+        """Record what decode's retentions hold now (the last record wins)."""
+        self.data[RETAINED].append([requests, blocks])
+
     @override
     def is_empty(self) -> bool:
         return bool(super().is_empty()) and not any(self.data.get(k) for k in _REUSE_KEYS)
@@ -69,14 +95,20 @@ class DisaggKVConnectorStats(NixlKVConnectorStats):
         reduced["D->P rejected tokens"] = sum(self.data.get(REJECTED_TOKENS, []))
         for label in sorted(set(self.data.get(OFFER_VERDICTS, []))):
             reduced[f"Offers {label}"] = self.data[OFFER_VERDICTS].count(label)
+        for label in sorted(set(self.data.get(RETENTION_FREES, []))):
+            reduced[f"Retentions freed ({label})"] = self.data[RETENTION_FREES].count(label)
+        for label in sorted(set(self.data.get(CLAIM_ANSWERS, []))):
+            reduced[f"Claims {label}"] = self.data[CLAIM_ANSWERS].count(label)
+        if self.data.get(RETAINED):
+            reduced["Retained requests"], reduced["Retained blocks"] = self.data[RETAINED][-1]
         return reduced
 
 
 class DisaggPromMetrics(NixlPromMetrics):
     """NIXL's Prometheus metrics plus D->P token counters and offer verdict counters.
 
-    Every (direction, verdict) series exists from the start at zero, so a refusal shows as
-    a counter that moved.
+    Every (direction, verdict), free reason and claim outcome series exists from the start
+    at zero, so a refusal shows as a counter that moved.
     """
 
     def __init__(
@@ -124,9 +156,55 @@ class DisaggPromMetrics(NixlPromMetrics):
             for engine_idx, labelvalues in self.per_engine_labelvalues.items()
         }
 
+        frees = self._counter_cls(
+            name="vllm:disagg_kv_retention_frees",
+            documentation="Retentions of finished requests' KV decode stopped holding, by "
+            "reason (read, released by the router, lease lapsed, memory pressure, capped).",
+            labelnames=[*labelnames, "reason"],
+        )
+        claims = self._counter_cls(
+            name="vllm:disagg_kv_claims",
+            documentation="Claims prefill made on decode's retained KV before a read, by "
+            "decode's answer (granted, or why refused).",
+            labelnames=[*labelnames, "outcome"],
+        )
+        retained = {
+            name: self._gauge_cls(
+                name=f"vllm:disagg_kv_retained_{name}",
+                documentation=f"{name.capitalize()} of finished requests' KV decode retains "
+                "for D->P reads now.",
+                labelnames=labelnames,
+                multiprocess_mode="mostrecent",
+            )
+            for name in ("requests", "blocks")
+        }
+        self.retention_series: dict[int, dict[str, Any]] = {
+            engine_idx: {
+                **{
+                    f"{RETENTION_FREES}:{reason.value}": frees.labels(*values, reason.value)
+                    for reason in FreeReason
+                },
+                **{
+                    f"{CLAIM_ANSWERS}:{outcome}": claims.labels(*values, outcome)
+                    for outcome in (GRANTED, *ClaimRefusal)
+                },
+                **{f"{RETAINED}:{name}": gauge.labels(*values) for name, gauge in retained.items()},
+            }
+            for engine_idx, values in self.per_engine_labelvalues.items()
+        }
+
     @override
     def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:
         super().observe(transfer_stats_data, engine_idx)
+        retention = self.retention_series[engine_idx]
+        for key in (RETENTION_FREES, CLAIM_ANSWERS):
+            for label in transfer_stats_data.get(key, ()):
+                if (counter := retention.get(f"{key}:{label}")) is not None:
+                    counter.inc()
+        if snapshots := transfer_stats_data.get(RETAINED):
+            requests, blocks = snapshots[-1]
+            retention[f"{RETAINED}:requests"].set(requests)
+            retention[f"{RETAINED}:blocks"].set(blocks)
         for key, counter in self.reuse_counters.items():
             for value in transfer_stats_data.get(key, ()):
                 counter[engine_idx].inc(value)

@@ -25,6 +25,7 @@ from disagg_connector.reuse_plan import Verdict
 from disagg_contract import (
     EXPIRES_AT_KEY,
     EXPIRY_MARGIN_S,
+    LEASE_KEY,
     OFFER_KEY,
     OFFER_KEY_ENV,
     OFFER_KEY_FILE_ENV,
@@ -66,6 +67,7 @@ def published(by: OfferSigner | None = None, **changes: Any) -> dict[str, Any]:
         "transfer_mode": "pull",
         TOKEN_DIGEST_KEY: TokenDigest.of_tokens(list(range(40)), 16).to_wire(),
         EXPIRES_AT_KEY: NOW + TTL,
+        LEASE_KEY: {"port": 5700, "term_s": 90.0},
     }
     params.update(changes)
     (by or signer()).sign(params, NOW, NOW + TTL)
@@ -116,6 +118,7 @@ def test_prefill_to_decode_offers_are_verified_too() -> None:
         (EXPIRES_AT_KEY, NOW + 10 * TTL),
         ("do_remote_prefill", True),
         ("dcp_size", None),
+        (LEASE_KEY, {"port": 5701, "term_s": 90.0}),
     ],
 )
 def test_any_altered_bound_field_breaks_the_signature(key: str, value: object) -> None:
