@@ -219,6 +219,12 @@ def _printer_columns() -> list[Schema]:
             "description": "Decode KV retention (s).",
             "jsonPath": ".spec.kvTransfer.decoderKvBlocksTtlSeconds",
         },
+        {
+            "name": "Reuse",
+            "type": "string",
+            "description": "Conversation turns that read KV back from decode (status.reuse).",
+            "jsonPath": ".status.reuse.hitRatio",
+        },
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     ]
 

@@ -12,9 +12,11 @@ from disagg_contract import (
     EXTRA_BACKENDS,
     EXTRA_BIDIRECTIONAL,
     EXTRA_DECODER_TTL,
+    EXTRA_LEASE_TERM,
     EXTRA_RECOMPUTE_THRESHOLD,
     KV_ROLE,
     Role,
+    lease_term_s,
 )
 from disagg_operator.models import DisaggregatedModelSpec
 
@@ -23,20 +25,27 @@ KV_BUFFER_DEVICE = "cuda"
 
 
 def kv_transfer_config(spec: DisaggregatedModelSpec, role: Role) -> dict[str, Any]:
-    """The `--kv-transfer-config` object for one role (only keys vLLM >= 0.32 accepts)."""
+    """The `--kv-transfer-config` object for one role (only keys vLLM >= 0.32 accepts).
+
+    Decode, when bidirectional, also gets the lease term its retentions live past their last
+    renewal (from `kvTransfer.idleTimeoutSeconds`); bidirectional off, nothing is retained.
+    """
     kv = spec.kv_transfer
+    extra: dict[str, Any] = {
+        EXTRA_BIDIRECTIONAL: kv.bidirectional,
+        EXTRA_DECODER_TTL: kv.decoder_kv_blocks_ttl_seconds,
+        EXTRA_RECOMPUTE_THRESHOLD: kv.recompute_threshold_tokens,
+        EXTRA_BACKENDS: [spec.kv_backend],
+    }
+    if kv.bidirectional and role is Role.DECODE:
+        extra[EXTRA_LEASE_TERM] = lease_term_s(kv.idle_timeout_seconds)
     return {
         "kv_connector": CONNECTOR_CLASS,
         "kv_connector_module_path": CONNECTOR_MODULE,
         "kv_role": KV_ROLE[role],
         "kv_buffer_device": KV_BUFFER_DEVICE,
         "kv_load_failure_policy": kv.load_failure_policy,
-        "kv_connector_extra_config": {
-            EXTRA_BIDIRECTIONAL: kv.bidirectional,
-            EXTRA_DECODER_TTL: kv.decoder_kv_blocks_ttl_seconds,
-            EXTRA_RECOMPUTE_THRESHOLD: kv.recompute_threshold_tokens,
-            EXTRA_BACKENDS: [spec.kv_backend],
-        },
+        "kv_connector_extra_config": extra,
     }
 
 

@@ -21,9 +21,12 @@ from pydantic import (
 )
 
 from disagg_contract import (
+    DEFAULT_IDLE_TIMEOUT_S,
     ENGINE_API_KEY_ENV,
     ENGINE_PORT,
     EXPIRY_MARGIN_S,
+    LEASE_PORT,
+    LEASE_PORT_ENV,
     MANAGED_VLLM_FLAGS,
     OFFER_KEY_ENV,
     OFFER_KEY_FILE_ENV,
@@ -52,6 +55,12 @@ MODEL_MOUNT_PATH = "/models"
 ROUTER_TTL_SAFETY_SECONDS = 30
 """The router forgets a conversation this long before decode frees its retained blocks."""
 
+MIN_IDLE_TIMEOUT_SECONDS = 10
+"""The shortest idle timeout: a conversation's next turn rarely comes sooner, so a shorter one
+would release KV that was about to be read back."""
+MAX_IDLE_TIMEOUT_SECONDS = 86400
+"""The longest idle timeout, as long as the longest decoder TTL."""
+
 ROUTER_REPLICAS_WITHOUT_STORE = (
     "each replica would keep its own conversations and reuse would drop; "
     "set spec.router.redis or replicas: 1"
@@ -78,6 +87,7 @@ RESERVED_ENV = (
     SIDE_CHANNEL_PORT_ENV,
     OFFER_KEY_FILE_ENV,
     OFFER_KEY_ENV,
+    LEASE_PORT_ENV,
 )
 """Environment the operator owns: it must agree across prefill and decode pods."""
 
@@ -491,9 +501,11 @@ class KvTransferSpec(ApiModel):
     rules = (
         CrossFieldRule(
             field="sideChannelPort",
-            message=f"must differ from the vLLM port {ENGINE_PORT}",
-            cel=f"!has(self.sideChannelPort) || self.sideChannelPort != {ENGINE_PORT}",
-            check=lambda m: m.side_channel_port != ENGINE_PORT,
+            message=f"must differ from the vLLM port {ENGINE_PORT} and decode's lease port "
+            f"{LEASE_PORT}: pick another port",
+            cel=f"!has(self.sideChannelPort) || "
+            f"!(self.sideChannelPort in [{ENGINE_PORT}, {LEASE_PORT}])",
+            check=lambda m: m.side_channel_port not in (ENGINE_PORT, LEASE_PORT),
         ),
     )
 
@@ -503,7 +515,19 @@ class KvTransferSpec(ApiModel):
         "on the next turn.",
     )
     decoder_kv_blocks_ttl_seconds: Annotated[int, Field(ge=60, le=86400)] = Field(
-        480, description="How long decode retains a finished request's KV blocks (seconds)."
+        480,
+        description="How long decode retains a finished request's KV blocks at most (seconds): "
+        "the hard cap of one retention, whatever its lease.",
+    )
+    idle_timeout_seconds: Annotated[
+        int, Field(ge=MIN_IDLE_TIMEOUT_SECONDS, le=MAX_IDLE_TIMEOUT_SECONDS)
+    ] = Field(
+        DEFAULT_IDLE_TIMEOUT_S,
+        description="Seconds without a turn after which a conversation's retained KV on decode "
+        "is released: the router renews the lease of each active conversation and releases it "
+        "once the conversation is idle this long (or closed, or superseded by its next turn). "
+        "decoderKvBlocksTtlSeconds stays the hard cap of one retention, so a longer idle "
+        "timeout never keeps blocks past it.",
     )
     recompute_threshold_tokens: Annotated[int, Field(ge=1, le=1_000_000)] = Field(
         64, description="Prefill reads remote KV only when at least this many tokens are reusable."
@@ -755,6 +779,46 @@ class RoleStatus(ApiModel):
     ready_replicas: Annotated[int, Field(ge=0)] = Field(0, description="Ready replicas.")
 
 
+Count = Annotated[int, Field(ge=0)]
+
+
+class ReuseStatus(ApiModel):
+    """Whether KV reuse pays: the routers' reuse counters summed over their replicas.
+
+    Counters run since each router started (a restarted router starts again from zero). The
+    operator reads them at an interval and writes them only when they changed.
+    """
+
+    hit_ratio: Annotated[str, StringConstraints(max_length=16)] | None = Field(
+        None,
+        description="Conversation turns that read KV back from decode, as a percentage of all "
+        "conversation turns (absent before the first one).",
+    )
+    turns: Count = Field(0, description="Conversation turns served (turns with an id).")
+    hits: Count = Field(0, description="Turns whose prompt was partly read back from decode.")
+    reused_tokens: Count = Field(
+        0, description="Prompt tokens read back from decode instead of recomputed."
+    )
+    recomputed_tokens: Count = Field(
+        0, description="Prompt tokens prefill computed on conversation turns."
+    )
+    leases_held: Count = Field(0, description="Decode retentions the routers hold now.")
+    routers: Count = Field(0, description="Router replicas the figures were summed over.")
+    observed_at: Annotated[str, StringConstraints(max_length=64)] | None = Field(
+        None,
+        description="When the operator read these figures (RFC 3339).",
+        json_schema_extra={"format": "date-time"},
+    )
+    stale: bool | None = Field(
+        None,
+        description="True when the routers stopped answering: the figures are the last read "
+        "(at observedAt); the model is not Degraded for it.",
+    )
+    message: Annotated[str, StringConstraints(max_length=1024)] | None = Field(
+        None, description="Why the figures are stale."
+    )
+
+
 class DisaggregatedModelStatus(ApiModel):
     """Observed state, written by the operator."""
 
@@ -775,6 +839,11 @@ class DisaggregatedModelStatus(ApiModel):
     )
     connector_config_hash: Annotated[str, StringConstraints(max_length=64)] | None = Field(
         None, description="Hash of the rendered connector config the pods run with."
+    )
+    reuse: ReuseStatus | None = Field(
+        None,
+        description="KV reuse through the routers (bidirectional only): hit ratio, reused and "
+        "recomputed tokens, leases held.",
     )
 
 

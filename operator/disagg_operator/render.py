@@ -22,6 +22,8 @@ from disagg_contract import (
     ENGINE_PORT,
     EXTRA_ARGS_MARKER,
     FI_PROVIDER_ENV,
+    LEASE_PORT,
+    LEASE_PORT_ENV,
     OFFER_KEY_DIR,
     OFFER_KEY_FILE_ENV,
     ROUTER_API_KEY_ENV,
@@ -69,6 +71,7 @@ HUGEPAGES_RESOURCE = "hugepages-2Mi"
 ZONE_TOPOLOGY_KEY = "topology.kubernetes.io/zone"
 HEALTH_PATH = "/health"
 ENGINE_PORT_NAME = "http"
+LEASE_PORT_NAME = "lease"
 CONNECTOR_VOLUME = "connector-config"
 CACHE_VOLUME = "model-cache"
 SHM_VOLUME = "dshm"
@@ -186,8 +189,13 @@ def _vllm_args(spec: DisaggregatedModelSpec, role: RoleSpec) -> list[str]:
     return [*args, *extra]
 
 
+def _serves_leases(spec: DisaggregatedModelSpec, component: Component) -> bool:
+    """Whether the component's pods run decode's lease service: decode, when bidirectional."""
+    return component is Component.DECODE and spec.kv_transfer.bidirectional
+
+
 def _engine_env(
-    name: str, namespace: str, spec: DisaggregatedModelSpec, role: RoleSpec
+    name: str, namespace: str, spec: DisaggregatedModelSpec, component: Component, role: RoleSpec
 ) -> list[dict[str, Any]]:
     injected: list[dict[str, Any]] = [
         {"name": HASH_SEED_ENV, "value": str(hash_seed(name, namespace))},
@@ -205,6 +213,8 @@ def _engine_env(
     injected.append({"name": OFFER_KEY_FILE_ENV, "value": OFFER_KEY_FILE})
     if spec.efa.enabled:
         injected.append({"name": FI_PROVIDER_ENV, "value": spec.efa.provider})
+    if _serves_leases(spec, component):
+        injected.append({"name": LEASE_PORT_ENV, "value": str(LEASE_PORT)})
     user = [var.model_dump(exclude_none=True) for var in role.env]
     user_names = {var.name for var in role.env}
     return [var for var in injected if var["name"] not in user_names] + user
@@ -293,12 +303,16 @@ def _engine_ingress(
     name: str, spec: DisaggregatedModelSpec, component: Component, role: RoleSpec
 ) -> list[dict[str, Any]]:
     """Who may reach a role's pods: the model's router on the vLLM port, the other role on
-    the KV-transfer ports, and the role's `allowedFrom` on the vLLM port."""
+    the KV-transfer ports, decode's lease port (when it serves leases) from the model's router
+    (renewals, releases) and prefill (claims), and the role's `allowedFrom` on the vLLM port."""
     peer = Component.DECODE if component is Component.PREFILL else Component.PREFILL
     ingress = [
         {"from": [_pods_of(name, Component.ROUTER)], "ports": [_tcp(ENGINE_PORT)]},
         {"from": [_pods_of(name, peer)], "ports": _kv_ports(spec)},
     ]
+    if _serves_leases(spec, component):
+        lessees = [_pods_of(name, Component.ROUTER), _pods_of(name, Component.PREFILL)]
+        ingress.append({"from": lessees, "ports": [_tcp(LEASE_PORT)]})
     if role.allowed_from:
         ingress.append({"from": _peers(role.allowed_from), "ports": [_tcp(ENGINE_PORT)]})
     return ingress
@@ -349,6 +363,12 @@ def _engine(
         "side_channel_port": spec.kv_transfer.side_channel_port,
         "vllm_port": ENGINE_PORT,
     }
+    ports = [
+        {"name": ENGINE_PORT_NAME, "containerPort": ENGINE_PORT},
+        {"name": "side-channel", "containerPort": spec.kv_transfer.side_channel_port},
+    ]
+    if _serves_leases(spec, component):
+        ports.append({"name": LEASE_PORT_NAME, "containerPort": LEASE_PORT})
     volumes = [
         {"name": CONNECTOR_VOLUME, "configMap": {"name": child_name(name, Component.CONNECTOR)}},
         _secret_volume(OFFER_KEY_VOLUME, child_name(name, Component.OFFER_KEY)),
@@ -381,7 +401,8 @@ def _engine(
             "--",
             *_vllm_args(spec, role),
         ],
-        env=_engine_env(name, namespace, spec, role),
+        env=_engine_env(name, namespace, spec, component, role),
+        ports=ports,
         resources=_engine_resources(spec, role),
         security_context=security,
         volume_mounts=mounts,
@@ -491,6 +512,8 @@ def _router(name: str, namespace: str, spec: DisaggregatedModelSpec) -> list[Man
             str(spec.conversation_ttl_seconds),
             "--decode-kv-ttl",
             str(spec.kv_transfer.decoder_kv_blocks_ttl_seconds),
+            "--idle-timeout-s",
+            str(spec.kv_transfer.idle_timeout_seconds),
             *store_args,
             *key_args,
         ],

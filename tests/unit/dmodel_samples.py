@@ -198,6 +198,33 @@ INVALID_SPECS = [
         cross_field=True,
     ),
     InvalidSpec(
+        "side-channel-on-lease-port",
+        {"kvTransfer": {"sideChannelPort": 5700}},
+        "spec.kvTransfer.sideChannelPort",
+        cross_field=True,
+        says="lease port 5700",
+    ),
+    InvalidSpec(
+        "idle-timeout-zero",
+        {"kvTransfer": {"idleTimeoutSeconds": 0}},
+        "spec.kvTransfer.idleTimeoutSeconds",
+    ),
+    InvalidSpec(
+        "idle-timeout-below-ten-seconds",
+        {"kvTransfer": {"idleTimeoutSeconds": 9}},
+        "spec.kvTransfer.idleTimeoutSeconds",
+    ),
+    InvalidSpec(
+        "idle-timeout-above-a-day",
+        {"kvTransfer": {"idleTimeoutSeconds": 86401}},
+        "spec.kvTransfer.idleTimeoutSeconds",
+    ),
+    InvalidSpec(
+        "idle-timeout-as-string",
+        {"kvTransfer": {"idleTimeoutSeconds": "120s"}},
+        "spec.kvTransfer.idleTimeoutSeconds",
+    ),
+    InvalidSpec(
         "side-channel-port-out-of-range",
         {"kvTransfer": {"sideChannelPort": 70000}},
         "spec.kvTransfer.sideChannelPort",

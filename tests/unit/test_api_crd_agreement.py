@@ -91,7 +91,8 @@ SPEC_PATCHES = st.fixed_dictionaries(
                 "decoderKvBlocksTtlSeconds": st.sampled_from([59, 60, 100, 480]),
                 "recomputeThresholdTokens": st.sampled_from([0, 1, 64, 65, 1024]),
                 "backend": st.sampled_from(["LIBFABRIC", "UCX", "TCP"]),
-                "sideChannelPort": st.sampled_from([5600, 8000, 0]),
+                "sideChannelPort": st.sampled_from([5600, 5700, 8000, 0]),
+                "idleTimeoutSeconds": st.sampled_from([0, 9, 10, 120, 86400, 86401]),
             },
         ),
         "router": st.fixed_dictionaries(

@@ -27,6 +27,7 @@ def test_minimal_spec_gets_explicit_defaults() -> None:
     assert spec.kv_transfer.recompute_threshold_tokens == 64
     assert spec.kv_transfer.side_channel_port == 5600
     assert spec.kv_transfer.load_failure_policy == "recompute"
+    assert spec.kv_transfer.idle_timeout_seconds == 120
     assert spec.efa.enabled is True
     assert spec.efa.devices_per_pod == 16
     assert (spec.prefill.replicas, spec.decode.replicas, spec.router.replicas) == (1, 1, 1)

@@ -75,7 +75,7 @@ def test_names_scope_and_subresources() -> None:
 def test_printer_columns_point_at_declared_fields() -> None:
     version = yaml.safe_load(crd_yaml())["spec"]["versions"][0]
     columns = {col["name"]: col["jsonPath"] for col in version["additionalPrinterColumns"]}
-    assert list(columns) == ["Ready", "Prefill", "Decode", "Bidir", "TTL", "Age"]
+    assert list(columns) == ["Ready", "Prefill", "Decode", "Bidir", "TTL", "Reuse", "Age"]
     paths = {path for path, _ in _nodes(root_schema())}
     for name, json_path in columns.items():
         if name in ("Ready", "Age"):

@@ -81,7 +81,39 @@ def test_kv_transfer_config_per_role(bidirectional: bool) -> None:
         "kv_connector_extra_config": extra,
     }
     assert kv_config(patch, "prefill") == {**common, "kv_role": "kv_producer"}
-    assert kv_config(patch, "decode") == {**common, "kv_role": "kv_consumer"}
+    decode_extra = {**extra, "disagg_lease_term_s": 45.0} if bidirectional else extra
+    decode = {**common, "kv_connector_extra_config": decode_extra, "kv_role": "kv_consumer"}
+    assert kv_config(patch, "decode") == decode
+
+
+@pytest.mark.parametrize(
+    ("idle_timeout", "lease_term"), [(10, 7.5), (60, 45.0), (120, 45.0), (3600, 45.0)]
+)
+def test_decode_lease_term_follows_the_idle_timeout(idle_timeout: int, lease_term: float) -> None:
+    """Three renewal periods of idleTimeoutSeconds / 4 (clamped to 1..15 s): the numbers are
+    written out so that a change of the contract's formula shows here."""
+    patch = {"kvTransfer": {"idleTimeoutSeconds": idle_timeout}}
+    assert kv_config(patch, "decode")["kv_connector_extra_config"]["disagg_lease_term_s"] == (
+        lease_term
+    )
+    assert "disagg_lease_term_s" not in kv_config(patch, "prefill")["kv_connector_extra_config"]
+    assert flag(router_container(patch)["command"], "--idle-timeout-s") == str(idle_timeout)
+
+
+def test_router_gets_the_default_idle_timeout() -> None:
+    assert flag(router_container()["command"], "--idle-timeout-s") == "120"
+
+
+def test_decode_exposes_its_lease_port_only_when_bidirectional() -> None:
+    decode = container(None, "decode")
+    assert {"name": "lease", "containerPort": 5700} in decode["ports"]
+    assert env(decode)["DISAGG_LEASE_PORT"]["value"] == "5700"
+    prefill = container(None, "prefill")
+    assert [p["name"] for p in prefill["ports"]] == ["http", "side-channel"]
+    assert "DISAGG_LEASE_PORT" not in env(prefill)
+    off = container({"kvTransfer": {"bidirectional": False}}, "decode")
+    assert [p["name"] for p in off["ports"]] == ["http", "side-channel"]
+    assert "DISAGG_LEASE_PORT" not in env(off)
 
 
 def test_kv_transfer_settings_reach_both_roles() -> None:
@@ -96,7 +128,9 @@ def test_kv_transfer_settings_reach_both_roles() -> None:
     for role in ("prefill", "decode"):
         config = kv_config(patch, role)
         assert config["kv_load_failure_policy"] == "fail"
-        assert config["kv_connector_extra_config"] == {
+        extra = dict(config["kv_connector_extra_config"])
+        extra.pop("disagg_lease_term_s", None)
+        assert extra == {
             "bidirectional_kv_xfer": True,
             "decoder_kv_blocks_ttl": 900,
             "kv_recompute_threshold": 256,
@@ -405,17 +439,17 @@ def test_user_affinity_is_kept_and_own_pod_affinity_wins() -> None:
 
 
 def test_side_channel_env_and_ports() -> None:
-    patch = {"kvTransfer": {"sideChannelPort": 5700}}
+    patch = {"kvTransfer": {"sideChannelPort": 5800}}
     main = container(patch, "decode")
     variables = env(main)
     assert variables["VLLM_NIXL_SIDE_CHANNEL_HOST"]["valueFrom"] == {
         "fieldRef": {"fieldPath": "status.podIP"}
     }
-    assert variables["VLLM_NIXL_SIDE_CHANNEL_PORT"]["value"] == "5700"
-    assert {"name": "side-channel", "containerPort": 5700} in main["ports"]
+    assert variables["VLLM_NIXL_SIDE_CHANNEL_PORT"]["value"] == "5800"
+    assert {"name": "side-channel", "containerPort": 5800} in main["ports"]
     service = objects(patch)[f"Service/{NAME}-decode"]
     assert service["spec"]["clusterIP"] == "None"
-    assert {"name": "side-channel", "port": 5700, "targetPort": "side-channel"} in service["spec"][
+    assert {"name": "side-channel", "port": 5800, "targetPort": "side-channel"} in service["spec"][
         "ports"
     ]
 

@@ -181,17 +181,35 @@ def test_over_efa_the_engines_open_only_the_side_channel_to_each_other() -> None
     """EFA's SRD traffic bypasses the IP stack; NIXL's side channel is TCP."""
     port = {"kvTransfer": {"sideChannelPort": 6100}}
     for role, peer in (("prefill", "decode"), ("decode", "prefill")):
-        assert _policy(port, role)["ingress"] == [
+        assert _policy(port, role)["ingress"][:2] == [
             {"from": [_pods_of("router")], "ports": [{"protocol": "TCP", "port": 8000}]},
             {"from": [_pods_of(peer)], "ports": [{"protocol": "TCP", "port": 6100}]},
         ]
+    assert len(_policy(port, "prefill")["ingress"]) == 2
+
+
+def test_decode_lease_port_is_open_to_the_model_router_and_prefill_only() -> None:
+    """Over EFA the KV rule opens only the side channel, so the lease rule is what lets the
+    router renew and release and prefill claim; bidirectional off, no lease port is open."""
+    for patch in ({"kvTransfer": {"sideChannelPort": 6100}}, UCX):
+        *_, lease = _policy(patch, "decode")["ingress"]
+        assert lease == {
+            "from": [_pods_of("router"), _pods_of("prefill")],
+            "ports": [{"protocol": "TCP", "port": 5700}],
+        }
+    off = _policy({"kvTransfer": {"bidirectional": False}}, "decode")["ingress"]
+    assert all({"protocol": "TCP", "port": 5700} not in rule["ports"] for rule in off)
+    assert len(off) == 2
+    kubernetes_validate.validate(
+        _objects()[f"NetworkPolicy/{NAME}-decode"], KUBERNETES_VERSION, strict=True
+    )
 
 
 def test_over_ucx_the_engines_open_every_port_but_vllm_to_each_other() -> None:
     """UCX's TCP transport listens on ports the kernel picks, so the peer role gets every port
     but vLLM's (which includes the side channel); the vLLM port stays the router's."""
     for role, peer in (("prefill", "decode"), ("decode", "prefill")):
-        router, kv = _policy(UCX, role)["ingress"]
+        router, kv = _policy(UCX, role)["ingress"][:2]
         assert router == {
             "from": [_pods_of("router")],
             "ports": [{"protocol": "TCP", "port": 8000}],
@@ -216,8 +234,9 @@ def test_over_ucx_the_engines_open_every_port_but_vllm_to_each_other() -> None:
 def test_role_allowed_from_opens_only_the_vllm_port_of_that_role() -> None:
     scraper = {"namespaceSelector": {"matchLabels": {"name": "monitoring"}}, "podSelector": {}}
     patch = {"decode": {"allowedFrom": [scraper]}}
-    *_, extra = _policy(patch, "decode")["ingress"]
+    *_, lease, extra = _policy(patch, "decode")["ingress"]
     assert extra == {"from": [scraper], "ports": [{"protocol": "TCP", "port": 8000}]}
+    assert scraper not in lease["from"]
     assert len(_policy(patch, "prefill")["ingress"]) == 2
 
 
