@@ -118,16 +118,54 @@ def test_conversations_are_independent(make_store: StoreFactory) -> None:
     run(make_store, scenario)
 
 
+def test_drop_removes_only_the_entry_of_the_turn_named(make_store: StoreFactory) -> None:
+    async def scenario(store: ConversationStore) -> None:
+        assert not await store.drop("k", 1), "nothing to drop yet"
+        first = await store.begin_turn("k")
+        assert await store.commit("k", entry(first.seq))
+        second = await store.begin_turn("k")
+        assert await store.commit("k", entry(second.seq, "http://d1"))
+        assert not await store.drop("k", first.seq), "a newer turn's entry stays"
+        assert await store.drop("k", second.seq)
+        after = await store.begin_turn("k")
+        assert (after.lookup, after.entry) == (Lookup.MISS, None)
+        assert after.previous_decode == "http://d1", "the decode affinity stays"
+        assert not await store.drop("k", second.seq), "already dropped"
+
+    run(make_store, scenario)
+
+
+def test_forget_removes_the_conversation_and_returns_its_entry(make_store: StoreFactory) -> None:
+    async def scenario(store: ConversationStore) -> None:
+        assert await store.forget("k") == (False, None)
+        start = await store.begin_turn("k")
+        assert await store.forget("k") == (True, None), "known, with its entry taken"
+        start = await store.begin_turn("k")
+        assert await store.commit("k", entry(start.seq, "http://d1"))
+        known, held = await store.forget("k")
+        assert known and held is not None
+        assert held.kv_transfer_params == entry(start.seq).kv_transfer_params
+        after = await store.begin_turn("k")
+        assert (after.seq, after.lookup, after.previous_decode) == (1, Lookup.MISS, None)
+        await store.forget("k")
+        assert await store.forget("k") == (False, None)
+
+    run(make_store, scenario)
+
+
 def test_memory_store_is_bounded_least_recently_used_first() -> None:
     async def scenario() -> None:
-        store = MemoryStore(max_conversations=2)
+        evicted: list[str] = []
+        store = MemoryStore(max_conversations=2, on_evict=evicted.append)
         await store.commit("a", entry(1))
         await store.commit("b", entry(1))
         await store.begin_turn("a")
         await store.commit("c", entry(1))
-        assert len(store) == 2
+        assert len(store) == 2 and evicted == ["b"]
         assert (await store.begin_turn("b")).lookup is Lookup.MISS, "b was least recently used"
-        assert len(store) == 2
+        assert len(store) == 2 and evicted == ["b", "a"]
+        await store.forget("c")
+        assert evicted == ["b", "a"], "a conversation forgotten is not evicted"
 
     asyncio.run(scenario())
 

@@ -10,10 +10,14 @@ Semantics shared by every store (so several router replicas behave as one):
   (highest sequence wins, whatever order the turns finish in).
 * ``restore`` puts an entry back when its turn failed before prefill could read the blocks,
   unless a newer turn has committed since.
+* ``drop`` removes the entry a given turn committed, and only that one: a router releasing its
+  lease on decode's KV (idle, or freed by decode) never removes a newer turn's entry.
+* ``forget`` removes a conversation (the client closed it) and returns the entry it held.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 from disagg_router.config import RouterConfig, StoreKind
@@ -35,6 +39,14 @@ class ConversationStore(Protocol):
         """Put back an entry taken by a failed turn; False if superseded."""
         ...
 
+    async def drop(self, key: str, seq: int) -> bool:
+        """Remove the entry turn ``seq`` committed, if it is still there untaken."""
+        ...
+
+    async def forget(self, key: str) -> tuple[bool, TurnEntry | None]:
+        """Remove every trace of the conversation; whether it had any, and its entry."""
+        ...
+
     async def check(self) -> None:
         """Raise if the store cannot be reached."""
         ...
@@ -44,8 +56,11 @@ class ConversationStore(Protocol):
         ...
 
 
-def build_store(config: RouterConfig) -> ConversationStore:
-    """Instantiate the store ``config`` names (lazy import of the Redis client)."""
+def build_store(
+    config: RouterConfig, on_evict: Callable[[str], None] | None = None
+) -> ConversationStore:
+    """Instantiate the store ``config`` names (lazy import of the Redis client); the in-memory
+    store calls ``on_evict`` with the key of each conversation it evicts for room."""
     if config.store == StoreKind.REDIS:
         from disagg_router.stores.redis_store import RedisStore
 
@@ -57,4 +72,4 @@ def build_store(config: RouterConfig) -> ConversationStore:
         )
     from disagg_router.stores.memory_store import MemoryStore
 
-    return MemoryStore(config.max_conversations)
+    return MemoryStore(config.max_conversations, on_evict)

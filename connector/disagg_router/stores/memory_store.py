@@ -7,6 +7,7 @@ than as Python lists (benchmarks/README.md, router section, has the sizes).
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from disagg_router.conversation import Lookup, TurnEntry, TurnStart
@@ -20,11 +21,19 @@ class _Conversation:
     decode_url: str | None = None
 
 
-class MemoryStore:
-    """Store for a single router replica; holds at most ``max_conversations`` conversations."""
+def _nothing(key: str) -> None:
+    pass
 
-    def __init__(self, max_conversations: int) -> None:
+
+class MemoryStore:
+    """Store for a single router replica; holds at most ``max_conversations`` conversations
+    and calls ``on_evict`` with the key of each one it evicts for room."""
+
+    def __init__(
+        self, max_conversations: int, on_evict: Callable[[str], None] | None = None
+    ) -> None:
         self._max = max_conversations
+        self._on_evict = on_evict or _nothing
         self._items: OrderedDict[str, _Conversation] = OrderedDict()
 
     def __len__(self) -> int:
@@ -35,7 +44,7 @@ class MemoryStore:
         if conv is None:
             conv = self._items[key] = _Conversation()
             while len(self._items) > self._max:
-                self._items.popitem(last=False)
+                self._on_evict(self._items.popitem(last=False)[0])
         else:
             self._items.move_to_end(key)
         return conv
@@ -69,6 +78,21 @@ class MemoryStore:
             return False
         conv.entry = entry.to_json().encode()
         return True
+
+    async def drop(self, key: str, seq: int) -> bool:
+        """Remove the entry turn ``seq`` committed, if it is still there untaken."""
+        conv = self._items.get(key)
+        if conv is None or conv.entry is None or conv.committed != seq:
+            return False
+        conv.entry = None
+        return True
+
+    async def forget(self, key: str) -> tuple[bool, TurnEntry | None]:
+        """Remove the conversation; whether it was known, and its entry."""
+        conv = self._items.pop(key, None)
+        if conv is None:
+            return False, None
+        return True, TurnEntry.from_json(conv.entry) if conv.entry is not None else None
 
     async def check(self) -> None:
         """Always reachable."""

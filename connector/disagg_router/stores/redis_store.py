@@ -42,6 +42,21 @@ redis.call('HSET', KEYS[1], 'entry', ARGV[2])
 return 1
 """
 
+_DROP = """
+local committed = redis.call('HGET', KEYS[1], 'committed')
+if committed and tonumber(committed) == tonumber(ARGV[1]) then
+  return redis.call('HDEL', KEYS[1], 'entry')
+end
+return 0
+"""
+
+_FORGET = """
+local known = redis.call('EXISTS', KEYS[1])
+local entry = redis.call('HGET', KEYS[1], 'entry')
+redis.call('DEL', KEYS[1])
+return {known, entry}
+"""
+
 
 class RedisStore:
     """Store shared through Redis; conversation state lives twice the entry TTL."""
@@ -56,6 +71,8 @@ class RedisStore:
         self._begin = self._redis.register_script(_BEGIN)
         self._commit = self._redis.register_script(_COMMIT)
         self._restore = self._redis.register_script(_RESTORE)
+        self._drop = self._redis.register_script(_DROP)
+        self._forget = self._redis.register_script(_FORGET)
 
     @asynccontextmanager
     async def _deadline(self) -> AsyncIterator[None]:
@@ -93,6 +110,18 @@ class RedisStore:
         args: list[str | int] = [entry.seq, entry.to_json()]
         async with self._deadline():
             return bool(await self._restore(keys=[self._prefix + key], args=args))
+
+    async def drop(self, key: str, seq: int) -> bool:
+        """Remove the entry turn ``seq`` committed, if it is still there untaken."""
+        async with self._deadline():
+            return bool(await self._drop(keys=[self._prefix + key], args=[seq]))
+
+    async def forget(self, key: str) -> tuple[bool, TurnEntry | None]:
+        """Remove the conversation; whether it was known, and its entry."""
+        async with self._deadline():
+            reply = await self._forget(keys=[self._prefix + key], args=[])
+        raw = reply[1] if len(reply) > 1 else None
+        return bool(reply[0]), TurnEntry.from_json(raw) if raw is not None else None
 
     async def check(self) -> None:
         """Raise if Redis does not answer a PING within the timeout."""
