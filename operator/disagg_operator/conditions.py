@@ -55,6 +55,8 @@ class PodState:
     ready: bool
     detail: str = ""
     failing: bool = False
+    ip: str = ""
+    """The pod's IP (`status.podIP`), where the operator reads a router's reuse summary."""
 
 
 def pod_state(pod: Mapping[str, Any], component: str) -> PodState:
@@ -65,17 +67,19 @@ def pod_state(pod: Mapping[str, Any], component: str) -> PodState:
     if pod.get("metadata", {}).get("deletionTimestamp"):
         return PodState(name, component, ready=False, detail="terminating")
     ready = conditions.get("Ready", {}).get("status") == "True"
+    ip = str(status.get("podIP") or "")
     scheduled = conditions.get("PodScheduled", {})
     if scheduled.get("status") == "False":
         message = scheduled.get("message") or scheduled.get("reason") or "not scheduled"
-        return PodState(name, component, ready, f"unschedulable: {message}")
+        return PodState(name, component, ready, f"unschedulable: {message}", ip=ip)
     for container in status.get("containerStatuses") or []:
         waiting = (container.get("state") or {}).get("waiting")
         if waiting and waiting.get("reason"):
             reason = waiting["reason"]
             detail = f"{reason}: {waiting.get('message', '')}".rstrip(": ")
-            return PodState(name, component, ready, detail, reason in FAILING_WAIT_REASONS)
-    return PodState(name, component, ready, "" if ready else f"phase {status.get('phase')}")
+            return PodState(name, component, ready, detail, reason in FAILING_WAIT_REASONS, ip)
+    detail = "" if ready else f"phase {status.get('phase')}"
+    return PodState(name, component, ready, detail, ip=ip)
 
 
 @dataclass(frozen=True)
@@ -183,7 +187,11 @@ def _join(parts: Iterable[str]) -> str:
 
 
 def build_status(observed: Observed, now: str) -> DisaggregatedModelStatus:
-    """The status the operator writes for `observed` (`now`: RFC 3339 time of this pass)."""
+    """The status the operator writes for `observed` (`now`: RFC 3339 time of this pass).
+
+    `reuse` is the reuse poll's (:mod:`disagg_operator.reuse`): kept as it was, and dropped
+    once bidirectional is off (nothing is retained, so there is no reuse to report).
+    """
     gen = observed.generation
     prev = observed.previous
     views = {component: _role_view(observed, component) for component in ROLE_CONDITIONS}
@@ -240,6 +248,7 @@ def build_status(observed: Observed, now: str) -> DisaggregatedModelStatus:
         },
         "routerEndpoint": router_endpoint(observed.spec, observed.name, observed.namespace),
         "connectorConfigHash": observed.config_hash or prev.connector_config_hash,
+        "reuse": prev.reuse if observed.spec.kv_transfer.bidirectional else None,
     }
     return DisaggregatedModelStatus.model_validate(
         {k: v for k, v in status.items() if v is not None}

@@ -9,10 +9,15 @@
   ones they read as named arguments (kopf's handler protocols list only kopf's own arguments,
   hence the `type: ignore[arg-type]` where such a handler is registered, as in the example).
 - Child and pod events (drift, deletions by hand, rollout progress) re-run the same reconcile.
+- One background task started at startup (not a kopf timer, which would put a finalizer on
+  every model) reads the routers' reuse summaries of every model in the index at an interval
+  and has the reconciler write `status.reuse` when it changed (:mod:`disagg_operator.reuse`).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import copy
 from collections.abc import Mapping
 from typing import Any, cast
@@ -29,6 +34,15 @@ from disagg_operator.options import OperatorOptions
 from disagg_operator.peering import PeeringMissing, ensure_peering
 from disagg_operator.reconcile import Live, Outcome, Reconciler
 from disagg_operator.resources import CHILD_RESOURCES, PODS
+from disagg_operator.reuse import (
+    Model,
+    Reading,
+    Report,
+    ReusePoller,
+    UrlSource,
+    pod_urls,
+    template_urls,
+)
 from disagg_operator.settings import configure
 
 INSTANCE_LABEL = f"{LABEL_PREFIX}instance"
@@ -48,9 +62,16 @@ def _snapshot(body: Mapping[str, Any]) -> dict[str, Any]:
     return snapshot
 
 
-@kopf.on.startup()
-async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
-    """Apply the operator-wide settings, connect, and make sure the peering object exists."""
+@kopf.on.startup()  # type: ignore[arg-type]
+async def startup(
+    settings: kopf.OperatorSettings,
+    memo: kopf.Memo,
+    models_index: Snapshots,
+    pods_index: PodStates,
+    **_: Any,
+) -> None:
+    """Apply the operator-wide settings, connect, make sure the peering object exists, and
+    start reading the routers' reuse summaries (unless `--reuse-interval 0`)."""
     options: OperatorOptions = memo.options
     metrics: OperatorMetrics = memo.metrics
     configure(settings, options)
@@ -59,7 +80,51 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
         ensure_peering(api, options)
     except PeeringMissing as exc:
         raise kopf.PermanentError(str(exc)) from None
-    memo.reconciler = Reconciler(api, metrics)
+    reconciler = memo.reconciler = Reconciler(api, metrics)
+    memo.reuse_task = None
+    if options.reuse_interval_s > 0:
+        urls: UrlSource = template_urls(options.reuse_url) if options.reuse_url else pod_urls
+        report = _reuse_writer(reconciler, models_index)
+        poller = ReusePoller(report, options.reuse_interval_s, urls)
+        memo.reuse_task = asyncio.create_task(
+            poller.run(lambda: _models(models_index, pods_index)), name="reuse poller"
+        )
+
+
+@kopf.on.cleanup()
+async def cleanup(memo: kopf.Memo, **_: Any) -> None:
+    """Stop reading reuse summaries."""
+    task: asyncio.Task[None] | None = memo.get("reuse_task")
+    if task is not None:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+def _models(models_index: Snapshots, pods_index: PodStates) -> list[tuple[Model, list[PodState]]]:
+    """Every indexed model with its pods' states."""
+    return [
+        (model, list(pods_index.get(owner_key, [])))
+        for owner_key, models in list(models_index.items())
+        for model in list(models)
+    ]
+
+
+def _reuse_writer(reconciler: Reconciler, models_index: Snapshots) -> Report:
+    """The poller's report: the reconciler writes the reading into the model's status, reading
+    the model from the index again in the model's turn."""
+
+    async def report(model: Model, reading: Reading, failures: int) -> None:
+        meta = model["metadata"]
+        owner_key, uid = (meta["namespace"], meta["name"]), meta["uid"]
+
+        def read() -> Mapping[str, Any] | None:
+            current = [m for m in models_index.get(owner_key, []) if m["metadata"]["uid"] == uid]
+            return current[0] if current else None
+
+        await reconciler.report_reuse(uid, read, reading, failures)
+
+    return report
 
 
 @kopf.index(GROUP, VERSION, PLURAL)

@@ -41,6 +41,7 @@ from disagg_operator.models import (
 from disagg_operator.names import ROLES, Component, child_name
 from disagg_operator.render import render
 from disagg_operator.resources import DISAGGREGATED_MODELS, SECRETS, resource_of
+from disagg_operator.reuse import Reading, next_reuse
 
 Manifest = dict[str, Any]
 ChildKey = tuple[str, str]
@@ -266,6 +267,45 @@ class Reconciler:
             return None if state is None else await asyncio.to_thread(self._pass, *state)
 
         return await self._memory.soon(uid, run)
+
+    async def report_reuse(
+        self,
+        uid: str,
+        read: Callable[[], Mapping[str, Any] | None],
+        reading: Reading,
+        failures: int,
+    ) -> None:
+        """Write `status.reuse` after a reading of the model's routers, in the model's turn and
+        only when it changed (`read`: the model as the operator sees it then, None once gone)."""
+
+        def write() -> None:
+            watched = read()
+            if watched is not None:
+                self._write_reuse(watched, reading, failures)
+
+        await self._memory.one_at_a_time(uid, lambda: asyncio.to_thread(write))
+
+    def _write_reuse(self, watched: Mapping[str, Any], reading: Reading, failures: int) -> None:
+        meta = watched["metadata"]
+        owner = self._memory.newest(meta["uid"], {key(watched): watched})[key(watched)]
+        if owner["metadata"].get("deletionTimestamp"):
+            return
+        status = DisaggregatedModelStatus.model_validate(owner.get("status") or {}, strict=False)
+        reuse = next_reuse(status.reuse, reading, failures, _now())
+        if reuse is None or reuse == status.reuse:
+            return
+        new = reuse.model_dump(exclude_none=True)
+        old = status.reuse.model_dump(exclude_none=True) if status.reuse is not None else {}
+        patch = {"reuse": {**{k: None for k in old if k not in new}, **new}}
+        try:
+            answer = self._api.patch_status(
+                DISAGGREGATED_MODELS, meta["namespace"], meta["name"], patch
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return
+            raise
+        self._memory.wrote(meta["uid"], answer)
 
     def _pass(self, owner: Mapping[str, Any], live: Live) -> Outcome:
         """One pass, counted and timed in the metrics."""
