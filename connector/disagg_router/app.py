@@ -1,11 +1,11 @@
 """ASGI app wiring: generation requests go straight to the proxy's turn, FastAPI serves the rest.
 
-The lifespan opens the one engine client session and starts discovery and health checks, and
-closes them at shutdown. The two generation endpoints are raw ASGI: they skip FastAPI's
-routing and middleware stack and Starlette's streaming response, a fast path whose saving
-benchmarks/README.md (router section) records; every other route stays with FastAPI. Every
-request passes the client guard first; a generation request then needs one of the request
-slots, which the probes and the other routes never wait for.
+The lifespan opens the one engine client session and starts discovery, health checks and the
+lease book's renewals, and stops them at shutdown. The two generation endpoints are raw ASGI:
+they skip FastAPI's routing and middleware stack and Starlette's streaming response, a fast
+path whose saving benchmarks/README.md (router section) records; every other route stays with
+FastAPI. Every request passes the client guard first; a generation request then needs one of
+the request slots, which the probes and the other routes never wait for.
 """
 
 from __future__ import annotations
@@ -23,11 +23,12 @@ from starlette.types import Receive, Scope, Send
 
 from disagg_contract import Role
 from disagg_router import routes
-from disagg_router.auth import Guard, KeyGuard, OpenGuard, unauthorized
+from disagg_router.auth import CONVERSATION_SCOPE, Guard, KeyGuard, OpenGuard, unauthorized
 from disagg_router.config import RouterConfig, check_client_keys, engine_credential
 from disagg_router.discovery import build_discovery
 from disagg_router.errors import RouterError, error_response, overloaded, request_id_of
 from disagg_router.health import HealthChecker
+from disagg_router.leases import LeaseBook
 from disagg_router.limits import RequestSlots
 from disagg_router.metrics import RouterMetrics
 from disagg_router.openai_request import Endpoint
@@ -67,6 +68,7 @@ class RouterApp:
             await unauthorized(scope)(scope, receive, send)
             return
         if endpoint is None:
+            scope[CONVERSATION_SCOPE] = conversation_scope
             await self._api(scope, receive, send)
             return
         if scope["method"] != "POST":
@@ -105,23 +107,31 @@ def create_app(config: RouterConfig) -> RouterApp:
             for role in (Role.PREFILL, Role.DECODE)
         )
         prefill, decode = pools
-        store = build_store(config)
+
+        def evicted(key: str) -> None:
+            leases.evicted(key)
+
+        store = build_store(config, evicted)
         discovery = build_discovery(config, prefill, decode)
         metrics = RouterMetrics()
         metrics.in_flight.set_function(lambda: slots.in_flight)
+        leases = LeaseBook(engines, store, metrics, config.idle_timeout_s)
+        metrics.leases_held.set_function(lambda: len(leases))
         health = HealthChecker(engines, pools, config.health_interval_s, config.health_timeout_s)
         await discovery.start()
         await health.check_due()
         health.start()
+        leases.start()
         state = app.state
         state.prefill, state.decode, state.store = prefill, decode, store
-        state.metrics, state.health = metrics, health
-        state.proxy = ProxyService(config, engines, prefill, decode, store, metrics, health)
+        state.metrics, state.health, state.leases = metrics, health, leases
+        state.proxy = ProxyService(config, engines, prefill, decode, store, metrics, health, leases)
         try:
             yield
         finally:
             await health.stop()
             await discovery.stop()
+            await leases.stop()
             await store.close()
             await engines.close()
 

@@ -15,11 +15,16 @@ from starlette.datastructures import Headers
 from starlette.responses import Response
 from starlette.types import Scope
 
+from disagg_contract import REUSE_SUMMARY_PATH
 from disagg_router.errors import RouterError, error_response, request_id_of
 from disagg_router.tenants import TenantKeys
 
-OPEN_PATHS = frozenset({"/health", "/metrics"})
-"""Probes and Prometheus scrape these without a key (vLLM leaves its /health open too)."""
+OPEN_PATHS = frozenset({"/health", "/metrics", REUSE_SUMMARY_PATH})
+"""Probes, Prometheus and the operator read these without a key (vLLM leaves its /health open
+too); none of them holds a secret or a conversation."""
+CONVERSATION_SCOPE = "disagg.conversation_scope"
+"""The ASGI scope key under which the app hands FastAPI's routes the request's conversation
+scope."""
 
 
 class Guard(Protocol):

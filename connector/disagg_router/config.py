@@ -10,6 +10,7 @@ from urllib.parse import urlsplit
 
 from disagg_contract import (
     CLIENT_KEYS_DIR_ENV,
+    DEFAULT_IDLE_TIMEOUT_S,
     ENGINE_KEY_FILE_ENV,
     EXPIRY_MARGIN_S,
     ROUTER_API_KEY_ENV,
@@ -57,6 +58,7 @@ class RouterConfig:
     conversation_ttl_s: float = 450.0
     decode_kv_ttl_s: float = 480.0
     max_conversations: int = 10_000
+    idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S
     max_body_bytes: int = 16 * 1024 * 1024
     body_timeout_s: float = 30.0
     max_concurrent_requests: int = 1024
@@ -114,6 +116,8 @@ class RouterConfig:
                 f"below --decode-kv-ttl minus {EXPIRY_MARGIN_S:g}s ({limit:g}s), or "
                 "prefill would try to read decode blocks that are already released"
             )
+        if not self.idle_timeout_s > 0 or self.idle_timeout_s == float("inf"):
+            raise ConfigError("--idle-timeout-s: must be a positive number of seconds")
         if not self.redis_prefix:
             raise ConfigError("--redis-prefix: must not be empty (one prefix per model)")
         for name in ("max_conversations", "max_body_bytes", "max_concurrent_requests", "port"):

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from disagg_contract import ReleaseReason, ReuseSummary
 from disagg_router.replicas import ReplicaPool
+
+GONE = "gone"
+"""The release label of a lease decode no longer held when the router renewed it."""
+RELEASE_LABELS = (*(reason.value for reason in ReleaseReason), GONE)
 
 _LATENCY_BUCKETS = (
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0
@@ -104,6 +109,74 @@ class RouterMetrics:
             "1 if the replica passed its last health check.",
             ["role", "replica"],
             registry=reg,
+        )
+
+        self.reuse_turns = Counter(
+            "disagg_router_reuse_turns",
+            "Conversation turns (with a conversation id) whose prefill answered, by result: hit "
+            "when prefill was offered decode's KV and reported cached prompt tokens, else miss.",
+            ["result"],
+            registry=reg,
+        )
+        self.reuse_prompt_tokens = Counter(
+            "disagg_router_reuse_prompt_tokens",
+            "Prompt tokens of conversation turns that prefill reused (prefix cache or D->P read) "
+            "or recomputed (disagg_router_prompt_tokens counts every turn).",
+            ["kind"],
+            registry=reg,
+        )
+        self.leases_held = Gauge(
+            "disagg_router_leases_held",
+            "Decode retentions (leases) this router holds and renews for its conversations.",
+            registry=reg,
+        )
+        self.lease_releases = Counter(
+            "disagg_router_lease_releases",
+            "Leases this router dropped, by reason (superseded, evicted, lapsed, idle, closed; "
+            "gone: decode no longer held it at a renewal).",
+            ["reason"],
+            registry=reg,
+        )
+        self.lease_call_failures = Counter(
+            "disagg_router_lease_call_failures",
+            "Calls to decode's lease service that failed, by call (renew, release) and kind "
+            "(connect, timeout, transport, http_<status>, bad_reply); no turn waits for them.",
+            ["call", "kind"],
+            registry=reg,
+        )
+        for result in ("hit", "miss"):
+            self.reuse_turns.labels(result)
+        for kind in ("reused", "recomputed"):
+            self.reuse_prompt_tokens.labels(kind)
+        for label in RELEASE_LABELS:
+            self.lease_releases.labels(label)
+        self._turns = self._hits = self._reused = self._recomputed = 0
+        self._released = dict.fromkeys(RELEASE_LABELS, 0)
+
+    def reuse_turn(self, hit: bool, reused: int, recomputed: int) -> None:
+        """Count a conversation turn whose prefill answered."""
+        self.reuse_turns.labels("hit" if hit else "miss").inc()
+        self.reuse_prompt_tokens.labels("reused").inc(reused)
+        self.reuse_prompt_tokens.labels("recomputed").inc(recomputed)
+        self._turns += 1
+        self._hits += hit
+        self._reused += reused
+        self._recomputed += recomputed
+
+    def lease_released(self, reason: str) -> None:
+        """Count a lease dropped for ``reason`` (a ``ReleaseReason`` value or ``GONE``)."""
+        self.lease_releases.labels(reason).inc()
+        self._released[reason] += 1
+
+    def reuse_summary(self, leases_held: int) -> ReuseSummary:
+        """The reuse counters since start, as the operator reads them."""
+        return ReuseSummary(
+            turns=self._turns,
+            hits=self._hits,
+            reused_tokens=self._reused,
+            recomputed_tokens=self._recomputed,
+            leases_held=leases_held,
+            released=dict(self._released),
         )
 
     def render(self, pools: tuple[ReplicaPool, ...]) -> bytes:

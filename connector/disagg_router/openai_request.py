@@ -127,9 +127,12 @@ def _conversation_id(value: object, header: str | None) -> str | None:
     if value is None:
         if header is None:
             return None
-        value, field = header, SESSION_HEADER
-    else:
-        field = "conversation_id"
+        return checked_conversation_id(header, SESSION_HEADER)
+    return checked_conversation_id(value, "conversation_id")
+
+
+def checked_conversation_id(value: object, field: str) -> str:
+    """``value`` when it can be a conversation id, else a 400 naming ``field``."""
     if (
         not isinstance(value, str)
         or not value

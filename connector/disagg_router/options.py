@@ -90,6 +90,14 @@ def add_router_arguments(parser: argparse.ArgumentParser) -> None:
         help="in-memory store bound, least recently used evicted (default %(default)s); an "
         "entry holds decode's block ids as JSON text, about 6 bytes per KV block of its context",
     )
+    conv.add_argument(
+        "--idle-timeout-s",
+        type=float,
+        default=d.idle_timeout_s,
+        help="seconds without a turn after which a conversation's decode KV is released and its "
+        "next turn recomputes; until then the router renews decode's lease every quarter of it "
+        "(1 to 15 s), and --decode-kv-ttl stays the hard cap (default %(default)s)",
+    )
 
     auth = parser.add_argument_group(
         "authentication",
@@ -190,6 +198,7 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
         conversation_ttl_s=args.conversation_ttl,
         decode_kv_ttl_s=args.decode_kv_ttl,
         max_conversations=args.max_conversations,
+        idle_timeout_s=args.idle_timeout_s,
         max_body_bytes=args.max_body_bytes,
         body_timeout_s=args.body_timeout,
         max_concurrent_requests=args.max_concurrent_requests,

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from disagg_contract import KV_TRANSFER_PARAMS
+from disagg_contract import KV_TRANSFER_PARAMS, RETAIN_KEY
 from disagg_router.conversation import TurnEntry
 
 KV_MARKER = f'"{KV_TRANSFER_PARAMS}"'.encode()
@@ -82,6 +82,14 @@ def prefill_params(entry: TurnEntry | None) -> dict[str, Any]:
             "remote_port": None,
         }
     return {**entry.kv_transfer_params, "do_remote_decode": True, "do_remote_prefill": False}
+
+
+def decode_params(params: dict[str, Any] | None, retain: bool) -> dict[str, Any] | None:
+    """Prefill's ``params`` for decode, asking decode to retain the turn's KV when ``retain``
+    (a conversation turn the router will commit; any other turn's KV is freed at once)."""
+    if params is None or not retain:
+        return params
+    return {**params, RETAIN_KEY: True}
 
 
 def routable(params: object, replica_host: str) -> dict[str, Any] | None:

@@ -8,9 +8,10 @@ endpoints, streamed or not, in four numbered stages:
 2. prefill one token, carrying that entry's params on a hit so that prefill reads decode's
    retained blocks (D->P);
 3. decode with the params prefill returned (decode reads prefill's blocks, P->D), preferably
-   on the replica that served the previous turn;
-4. relay decode's answer to the client without its params, and commit those as the
-   conversation's entry for its next turn.
+   on the replica that served the previous turn, asking decode to retain the turn's KV when
+   the turn belongs to a conversation;
+4. relay decode's answer to the client without its params, commit those as the
+   conversation's entry for its next turn, and hold the lease they name (``leases``).
 
 An error before the answer starts goes to the client as an OpenAI error response, and an
 entry prefill never read goes back to the store. A streamed answer is relayed as raw ASGI
@@ -50,10 +51,12 @@ from disagg_router.errors import (
     upstream_error,
 )
 from disagg_router.health import HealthChecker
+from disagg_router.leases import LeaseBook
 from disagg_router.metrics import RouterMetrics
 from disagg_router.openai_request import Endpoint, parse_request, read_body
 from disagg_router.payloads import (
     EngineBodies,
+    decode_params,
     dumps,
     json_object,
     prefill_params,
@@ -86,6 +89,7 @@ class ProxyService:
         store: ConversationStore,
         metrics: RouterMetrics,
         health: HealthChecker,
+        leases: LeaseBook,
     ) -> None:
         self._config = config
         self._engines = engines
@@ -94,6 +98,7 @@ class ProxyService:
         self._store = store
         self._metrics = metrics
         self._health = health
+        self._leases = leases
         self._prefill_routing = LeastOutstanding()
         self._decode_routing = ConversationAffinity(config.decode_affinity_slack)
 
@@ -144,6 +149,7 @@ class ProxyService:
                     self._store_failed("begin_turn", exc)
                     lookup = Lookup.MISS
                 else:
+                    self._leases.touch(key)
                     lookup, entry = start.lookup, start.entry
                     holder = self._decode.get(entry.decode_url) if entry is not None else None
                     if entry is not None and (
@@ -158,6 +164,7 @@ class ProxyService:
             #    blocks: D->P). A failed call is retried once on another replica; once prefill
             #    may have read the blocks, the retry goes without them.
             params = prefill_params(entry)
+            offered = entry is not None  # the params prefill gets carry decode's offer
             tried: list[Replica] = []
             failure = upstream_error(503, "No healthy prefill replica.", "no_prefill_replica")
             for attempt in range(2):
@@ -182,7 +189,7 @@ class ProxyService:
                             503, "Prefill replica unreachable.", "prefill_unreachable"
                         )
                         continue
-                    entry_spent, params = True, prefill_params(None)
+                    entry_spent, params, offered = True, prefill_params(None), False
                     status = 504 if exc.kind == "timeout" else 502
                     failure = upstream_error(status, f"Prefill {exc.kind}.", "prefill")
                     continue
@@ -193,7 +200,7 @@ class ProxyService:
                 prefilled = json_object(content) if response.status == 200 else None
                 if prefilled is not None:
                     break
-                params = prefill_params(None)
+                params, offered = prefill_params(None), False
                 message = engine_message(content)
                 self._upstream_failed(prefill, f"http_{response.status}", message, mark=False)
                 failure = upstream_error(502, f"Prefill failed: {message}", "prefill_failed")
@@ -210,11 +217,14 @@ class ProxyService:
             prompt_tokens, reused = prompt_usage(prefilled)
             self._metrics.prompt_tokens.labels("reused").inc(reused)
             self._metrics.prompt_tokens.labels("recomputed").inc(prompt_tokens - reused)
+            if key is not None:
+                self._metrics.reuse_turn(offered and reused > 0, reused, prompt_tokens - reused)
 
             # 3. Decode with prefill's params (decode reads prefill's blocks: P->D), on the
             #    previous turn's replica while it is kept (its prefix cache holds the
-            #    conversation); an unreachable replica is replaced once. The answer counts as
-            #    outstanding on its replica until stage 4 releases it.
+            #    conversation); an unreachable replica is replaced once. Decode retains the
+            #    turn's KV only for a turn the router can commit as the conversation's entry.
+            #    The answer counts as outstanding on its replica until stage 4 releases it.
             choice = self._decode_routing.choose(
                 self._decode, start.previous_decode if start is not None else None
             )
@@ -225,7 +235,8 @@ class ProxyService:
                     saved = min(retained, prompt_tokens)
                     self._metrics.pd_saved_tokens.inc(saved)
                     self._metrics.pd_saved_bytes.inc(saved * self._config.kv_bytes_per_token)
-            body = bodies.decode(routable(prefilled.get(KV_TRANSFER_PARAMS), prefill.host))
+            prefilled_params = routable(prefilled.get(KV_TRANSFER_PARAMS), prefill.host)
+            body = bodies.decode(decode_params(prefilled_params, retain=start is not None))
             candidate, tried = choice.replica, []
             failure = upstream_error(503, "No healthy decode replica.", "no_decode_replica")
             while answer is None:
@@ -261,7 +272,8 @@ class ProxyService:
 
             # 4. Relay decode's answer without its params, and commit those as the
             #    conversation's entry for its next turn (a streamed answer carries them in
-            #    its final event).
+            #    its final event); the lease book then holds the lease they name and
+            #    releases the one this turn took.
             if not turn.stream:
                 try:
                     content = await answer.read()
@@ -285,9 +297,13 @@ class ProxyService:
                 await reply(scope, receive, send)
                 return
 
+            committed = False
+
             async def forward(events: bytes) -> None:
+                nonlocal committed
                 events, kv = strip_from_events(events)
-                if kv is not None:
+                if kv is not None and not committed:
+                    committed = True
                     await self._commit(key, start, decode, kv)
                 await send({"type": "http.response.body", "body": events, "more_body": True})
 
@@ -313,6 +329,8 @@ class ProxyService:
                                 await forward(ready)
                         if pending:
                             await forward(pending)
+                        if not committed:
+                            await self._commit(key, start, decode, None)
                     except UpstreamFailure as exc:
                         relayed = "upstream_error"
                         self._upstream_failed(decode, "stream", exc, mark=False)
@@ -391,19 +409,25 @@ class ProxyService:
         self, key: str | None, start: TurnStart | None, decode: Replica, params: object
     ) -> None:
         """Store decode's ``params`` as the conversation's entry for its next turn, expiring
-        before decode frees the blocks (by its published expiry, less the margin)."""
-        kv = routable(params, decode.host)
-        if key is None or start is None or kv is None:
+        before decode frees the blocks (by its published expiry, less the margin), and settle
+        the turn's leases: the new one held, the one the turn took released."""
+        if key is None or start is None:
             return
-        now = time.time()
-        expires_at = now + self._config.conversation_ttl_s
-        published = kv.get(EXPIRES_AT_KEY)
-        if isinstance(published, int | float) and not isinstance(published, bool):
-            expires_at = min(expires_at, published - EXPIRY_MARGIN_S)
-        try:
-            await self._store.commit(key, TurnEntry(kv, decode.url, now, expires_at, start.seq))
-        except Exception as exc:
-            self._store_failed("commit", exc)
+        kv = routable(params, decode.host)
+        offered: TurnEntry | None = None
+        stored: bool | None = None
+        if kv is not None:
+            now = time.time()
+            expires_at = now + self._config.conversation_ttl_s
+            published = kv.get(EXPIRES_AT_KEY)
+            if isinstance(published, int | float) and not isinstance(published, bool):
+                expires_at = min(expires_at, published - EXPIRY_MARGIN_S)
+            offered = TurnEntry(kv, decode.url, now, expires_at, start.seq)
+            try:
+                stored = await self._store.commit(key, offered)
+            except Exception as exc:
+                self._store_failed("commit", exc)
+        self._leases.turn_finished(key, start.seq, start.entry, offered, stored)
 
     def _finished(self, endpoint: Endpoint, started: float, outcome: str) -> None:
         """Count a turn whose answer started."""

@@ -1,8 +1,11 @@
-"""FastAPI routes besides generation (``app.RouterApp`` serves those): models, health, metrics."""
+"""FastAPI routes besides generation (``app.RouterApp`` serves those): models, closing a
+conversation, health, metrics and the reuse summary."""
 
 from __future__ import annotations
 
 import json
+import logging
+from collections.abc import Mapping
 from typing import Any
 
 from fastapi import APIRouter
@@ -10,12 +13,23 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.requests import Request
 from starlette.responses import Response
 
-from disagg_router.errors import RouterError, error_response, request_id_of
+from disagg_contract import REUSE_SUMMARY_PATH
+from disagg_router.auth import CONVERSATION_SCOPE
+from disagg_router.conversation import conversation_key
+from disagg_router.errors import (
+    REQUEST_ID_HEADER,
+    RouterError,
+    error_response,
+    request_id_of,
+)
+from disagg_router.openai_request import checked_conversation_id
+
+log = logging.getLogger("disagg.router")
 
 router = APIRouter()
 
 
-def _json(data: dict[str, Any], status: int = 200) -> Response:
+def _json(data: Mapping[str, object], status: int = 200) -> Response:
     return Response(json.dumps(data), status_code=status, media_type="application/json")
 
 
@@ -31,6 +45,38 @@ async def models(request: Request) -> Response:
         )
         return error_response(error, request_id_of(request.headers))
     return _json({"object": "list", "data": health.models})
+
+
+@router.delete("/v1/conversations/{conversation_id:path}")
+async def close_conversation(conversation_id: str, request: Request) -> Response:
+    """Forget a conversation of the client's scope and release the decode KV it holds: 204, or
+    404 when the router knows no such conversation (its next turn starts afresh either way)."""
+    state = request.app.state
+    request_id = request_id_of(request.headers)
+    try:
+        checked = checked_conversation_id(conversation_id, "conversation_id")
+    except RouterError as exc:
+        return error_response(exc, request_id)
+    key = conversation_key(checked, request.scope.get(CONVERSATION_SCOPE, ""))
+    try:
+        known, entry = await state.store.forget(key)
+    except Exception as exc:
+        state.metrics.store_errors.labels("forget").inc()
+        log.warning("conversation store forget failed: %s: %s", type(exc).__name__, exc)
+        error = RouterError(
+            503,
+            "The conversation store is unreachable; retry shortly.",
+            error_type="service_unavailable",
+            code="store_unreachable",
+        )
+        return error_response(error, request_id)
+    held = state.leases.close(key, entry)
+    if not (known or held):
+        error = RouterError(
+            404, f"No conversation {checked!r}.", param="conversation_id", code="not_found"
+        )
+        return error_response(error, request_id)
+    return Response(status_code=204, headers={REQUEST_ID_HEADER: request_id})
 
 
 @router.get("/health")
@@ -62,3 +108,11 @@ async def metrics(request: Request) -> Response:
     state = request.app.state
     payload = state.metrics.render((state.prefill, state.decode))
     return Response(payload, media_type=CONTENT_TYPE_LATEST)
+
+
+@router.get(REUSE_SUMMARY_PATH)
+async def reuse_summary(request: Request) -> Response:
+    """The router's reuse counters and the leases it holds (``ReuseSummary``), for the
+    operator's status."""
+    state = request.app.state
+    return _json(state.metrics.reuse_summary(len(state.leases)))

@@ -139,6 +139,18 @@ class EngineClient:
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise _failure(exc) from None
 
+    async def call(self, url: str, content: bytes, timeout_s: float) -> tuple[int, bytes]:
+        """POST a JSON body and read the reply within ``timeout_s`` overall (decode's lease
+        service); return its status and body."""
+        headers = {"Content-Type": "application/json"}
+        try:
+            async with self._session.post(
+                url, data=content, headers=headers, timeout=aiohttp.ClientTimeout(total=timeout_s)
+            ) as response:
+                return response.status, await response.read()
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise _failure(exc) from None
+
     async def close(self) -> None:
         """Close every pooled connection."""
         await self._session.close()

@@ -3,9 +3,13 @@
 It is *not* vLLM: it answers instantly with deterministic words, and fakes the NIXL
 ``kv_transfer_params`` of vLLM's pull connector (prefill returns P->D params; decode returns
 the params of the blocks it "retains", on the final stream chunk as vLLM >= 0.33 does, or in
-the body). A prefill that receives decode params with blocks reports those tokens as cached,
-which is how the router's reuse metrics are checked. Tests steer it through ``StandinState``
-(injected failures, delays) and read back what it received.
+the body). Given a lease port, a decode retains and offers only when the router asks
+(``RETAIN_KEY``), names the retention as the connector's decode does (``LEASE_KEY``, an offer
+id) and records it in ``retained`` (and ``offers``), which a test's lease-service stand-in
+serves. A prefill that receives decode params with blocks reports those tokens as cached,
+which is how the router's reuse metrics are checked (``prefix_cached_tokens`` plays prefill's
+prefix cache). Tests steer it through ``StandinState`` (injected failures, delays) and read
+back what it received.
 
 Run alone (benchmarks): ``python tests/unit/engine_standin.py --role decode --port 8200``.
 """
@@ -27,7 +31,15 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from disagg_contract import EXPIRES_AT_KEY, KV_TRANSFER_PARAMS, SIDE_CHANNEL_PORT
+from disagg_contract import (
+    EXPIRES_AT_KEY,
+    KV_TRANSFER_PARAMS,
+    LEASE_KEY,
+    OFFER_KEY,
+    OFFER_WIRE_VERSION,
+    RETAIN_KEY,
+    SIDE_CHANNEL_PORT,
+)
 
 MODEL = "standin-model"
 DEFAULT_MAX_TOKENS = 8
@@ -50,6 +62,11 @@ class StandinState:
     break_stream_after: int | None = None
     fail_statuses: list[int] = field(default_factory=list)
     api_key: str | None = None
+    prefix_cached_tokens: int = 0
+    lease_port: int | None = None
+    lease_term_s: float = 30.0
+    retained: set[tuple[str, str]] = field(default_factory=set)
+    offers: list[tuple[str, str]] = field(default_factory=list)
     received: list[dict[str, Any]] = field(default_factory=list)
     authorizations: list[tuple[str, str | None]] = field(default_factory=list)
     reads: list[dict[str, Any]] = field(default_factory=list)
@@ -94,6 +111,20 @@ def _kv_params(state: StandinState, request_id: str, tokens: int) -> dict[str, A
         "remote_num_tokens": tokens if decode else 0,
         "remote_blocks_expiry_time": time.monotonic() + 480 if decode else None,
     }
+
+
+def _leased(
+    state: StandinState, body: dict[str, Any], request_id: str, kv: dict[str, Any] | None
+) -> dict[str, Any] | None:
+    """Decode's offer with a lease service: only when the router asked it to retain the KV."""
+    params = body.get(KV_TRANSFER_PARAMS)
+    if kv is None or not isinstance(params, dict) or params.get(RETAIN_KEY) is not True:
+        return None
+    offer = f"offer-{request_id}"
+    state.retained.add((request_id, offer))
+    state.offers.append((request_id, offer))
+    lease = {"port": state.lease_port, "term_s": state.lease_term_s}
+    return {**kv, LEASE_KEY: lease, OFFER_KEY: {"v": OFFER_WIRE_VERSION, "id": offer}}
 
 
 def _refused(state: StandinState, request: Request) -> Response | None:
@@ -145,7 +176,9 @@ def build_app(state: StandinState) -> Starlette:
         if state.role == "prefill":
             return JSONResponse(_prefill(state, body, chat, request_id, prompt_tokens))
         words = answer_words(body, max_tokens or DEFAULT_MAX_TOKENS)
-        kv = _kv_params(state, request_id, prompt_tokens + len(words))
+        kv: dict[str, Any] | None = _kv_params(state, request_id, prompt_tokens + len(words))
+        if state.lease_port is not None:
+            kv = _leased(state, body, request_id, kv)
         if body.get("stream"):
             chunks = _stream(state, body, chat, request_id, prompt_tokens, words, kv)
             return StreamingResponse(chunks, media_type="text/event-stream")
@@ -183,9 +216,9 @@ def _prefill(
     state: StandinState, body: dict[str, Any], chat: bool, request_id: str, prompt_tokens: int
 ) -> dict[str, Any]:
     params = body.get(KV_TRANSFER_PARAMS) or {}
-    cached = 0
+    cached = min(state.prefix_cached_tokens, prompt_tokens)
     if params.get("do_remote_decode") and params.get("remote_block_ids"):
-        cached = min(int(params.get("remote_num_tokens") or 0), prompt_tokens)
+        cached = min(max(cached, int(params.get("remote_num_tokens") or 0)), prompt_tokens)
         state.reads.append(params)
     return {
         "id": request_id,
@@ -204,7 +237,7 @@ def _complete(
     request_id: str,
     prompt_tokens: int,
     words: list[str],
-    kv: dict[str, Any],
+    kv: dict[str, Any] | None,
 ) -> dict[str, Any]:
     return {
         "id": request_id,
@@ -224,7 +257,7 @@ async def _stream(
     request_id: str,
     prompt_tokens: int,
     words: list[str],
-    kv: dict[str, Any],
+    kv: dict[str, Any] | None,
 ) -> AsyncIterator[bytes]:
     kind = "chat.completion.chunk" if chat else "text_completion"
     base = {"id": request_id, "object": kind, "created": int(time.time()), "model": MODEL}
