@@ -47,6 +47,8 @@ log = logging.getLogger("disagg.router.leases")
 
 LEASE_CALL_TIMEOUT_S = 2.0
 """Seconds one call to a lease service may take, connecting included."""
+LEASES_PER_CALL = 1000
+"""Most leases one renewal or release names (a lease service refuses overlong calls)."""
 
 
 @dataclass(frozen=True)
@@ -200,7 +202,7 @@ class LeaseBook:
 
     async def sweep(self) -> None:
         """One renewal pass: release what lapsed or went idle, renew the rest (one call per
-        lease service), drop what decode reports gone."""
+        lease service and LEASES_PER_CALL leases), drop what decode reports gone."""
         now, wall = self._clock(), time.time()
         renewals: dict[str, list[tuple[str, _Held]]] = {}
         drops: list[tuple[str, int]] = []
@@ -215,7 +217,11 @@ class LeaseBook:
             else:
                 renewals.setdefault(held.lease.service, []).append((key, held))
         await asyncio.gather(
-            *(self._renew(service, batch) for service, batch in renewals.items()),
+            *(
+                self._renew(service, batch[start : start + LEASES_PER_CALL])
+                for service, batch in renewals.items()
+                for start in range(0, len(batch), LEASES_PER_CALL)
+            ),
             *(self._drop(key, seq) for key, seq in drops),
         )
 
@@ -236,7 +242,7 @@ class LeaseBook:
                 log.exception("lease releases failed")
 
     async def _send_releases(self) -> None:
-        """Send every queued release, one call per lease service."""
+        """Send every queued release, one call per lease service and LEASES_PER_CALL leases."""
         self._wake.clear()
         queued, self._releases = self._releases, []
         batches: dict[str, list[dict[str, str]]] = {}
@@ -244,8 +250,13 @@ class LeaseBook:
             batches.setdefault(lease.service, []).append({**lease.name(), "reason": reason.value})
         await asyncio.gather(
             *(
-                self._call(service + LEASE_RELEASE_PATH, {"leases": leases}, "release")
+                self._call(
+                    service + LEASE_RELEASE_PATH,
+                    {"leases": leases[start : start + LEASES_PER_CALL]},
+                    "release",
+                )
                 for service, leases in batches.items()
+                for start in range(0, len(leases), LEASES_PER_CALL)
             )
         )
 

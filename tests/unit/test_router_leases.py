@@ -31,6 +31,7 @@ from disagg_contract import (
     ReleaseReason,
     renewal_period_s,
 )
+from disagg_router import leases
 from disagg_router.config import ConfigError, RouterConfig
 from disagg_router.leases import lease_of
 from engine_standin import StandinState
@@ -273,6 +274,19 @@ def test_a_lease_decode_reports_gone_is_dropped_with_its_entry() -> None:
         assert rig.prefill[0].state.reads == []
         wait_until(lambda: len(lease.renewed()) > calls, 3, "the next renewal")
         assert freed not in lease.renewed()[calls:]
+
+
+def test_renewals_are_batched_per_decode_in_calls_of_bounded_size(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(leases, "LEASES_PER_CALL", 2)
+    with leased_rig(idle_timeout_s=4.0) as (rig, lease, client):
+        for conversation in ("x", "y", "z"):
+            turn(client, conversation)
+        names = set(offered(rig))
+        wait_until(lambda: names <= set(lease.renewed()), 3, "every lease renewed")
+        sizes = {len(c.body["leases"]) for c in lease.calls if c.path == LEASE_RENEW_PATH}
+        assert max(sizes) == 2, "one call names several leases of a decode, at most the bound"
 
 
 @pytest.fixture
