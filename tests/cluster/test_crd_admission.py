@@ -142,6 +142,18 @@ def test_status_subresource_and_printer_columns(kubectl: kube.Kubectl, crd_names
             "prefill": {"desiredReplicas": 1, "readyReplicas": 1},
             "decode": {"desiredReplicas": 1, "readyReplicas": 0},
             "connectorConfigHash": "0123456789abcdef",
+            "reuse": {
+                "hitRatio": "40.0%",
+                "turns": 5,
+                "hits": 2,
+                "reusedTokens": 4096,
+                "recomputedTokens": 1024,
+                "leasesHeld": 3,
+                "routers": 1,
+                "observedAt": "2026-01-01T00:00:00Z",
+                "stale": True,
+                "message": "no reading since 2026-01-01T00:00:00Z: connection refused",
+            },
         }
     )
     patch = json.dumps({"status": status.model_dump(exclude_none=True)})
@@ -159,8 +171,10 @@ def test_status_subresource_and_printer_columns(kubectl: kube.Kubectl, crd_names
     stored = kubectl.json("get", "-n", crd_namespace, "dmodel", "shown")
     assert DisaggregatedModelStatus.model_validate(stored["status"]) == status
     table = kubectl("get", "-n", crd_namespace, "dmodel", "shown").splitlines()
-    assert table[0].split() == ["NAME", "READY", "PREFILL", "DECODE", "BIDIR", "TTL", "AGE"]
-    assert table[1].split()[:6] == ["shown", "True", "1", "0", "true", "480"]
+    assert table[0].split() == [
+        "NAME", "READY", "PREFILL", "DECODE", "BIDIR", "TTL", "REUSE", "AGE"
+    ]  # fmt: skip
+    assert table[1].split()[:7] == ["shown", "True", "1", "0", "true", "480", "40.0%"]
     short = kubectl("get", "-n", crd_namespace, "dmodel", "-o", "name").split()
     assert "disaggregatedmodel.disagg.dev/shown" in short
 
