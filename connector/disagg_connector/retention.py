@@ -7,7 +7,8 @@ the retention pays:
   leases of open conversations and releases the others), and never past the hard cap (the
   decoder TTL) counted from when it was made; without a lease term the cap alone applies
   (the fixed timer);
-- live traffic first: under memory pressure the least recently renewed retentions are freed;
+- live traffic first: under memory pressure the least recently made retentions are freed (a
+  retention is made when its conversation's turn ends, so this is the least recently used);
 - a claim: before prefill reads, it claims the retention; decode grants one reader per
   retention and, from the last grant, keeps the blocks for ``hold_s`` whatever else happens,
   so a read that prefill starts within its trust window (shorter than the hold, measured on
@@ -61,6 +62,7 @@ class Retention:
     request_id: str
     offer_id: str
     num_blocks: int
+    made_at: float
     renewed_at: float
     cap_at: float
     claimant: str | None = None
@@ -103,7 +105,7 @@ class RetentionTable:
         now = self._clock()
         with self._lock:
             self._retained[request_id] = Retention(
-                request_id, offer_id, num_blocks, renewed_at=now, cap_at=now + cap_s
+                request_id, offer_id, num_blocks, made_at=now, renewed_at=now, cap_at=now + cap_s
             )
 
     def renew(self, request_id: str, offer_id: str) -> bool:
@@ -142,7 +144,10 @@ class RetentionTable:
             return Grant(True)
 
     def release_for_pressure(self, blocks_needed: int) -> None:
-        """Release the least recently renewed unheld retentions until ``blocks_needed`` go."""
+        """Release the least recently made unheld retentions until ``blocks_needed`` go.
+
+        Renewals do not count as use: the router renews every open conversation alike.
+        """
         now = self._clock()
         with self._lock:
             candidates = sorted(
@@ -151,7 +156,7 @@ class RetentionTable:
                     for retention in self._retained.values()
                     if retention.released is None and retention.hold_until <= now
                 ),
-                key=lambda retention: retention.renewed_at,
+                key=lambda retention: retention.made_at,
             )
             released = 0
             for retention in candidates:

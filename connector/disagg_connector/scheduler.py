@@ -9,7 +9,7 @@ Retaining (decode): a finished request's KV is retained only when the router ask
 frees its blocks at once. A retention is a lease (see :mod:`retention`): decode's lease service
 (see :mod:`lease_service`) lets the router renew and release it and prefill claim it; memory
 pressure (a waiting request asked about again, a preemption) releases the least recently
-renewed ones. Freeing goes through vLLM's own path: the retention's deadline in the worker is
+made ones. Freeing goes through vLLM's own path: the retention's deadline in the worker is
 moved to now.
 
 Reading: an offer is admitted when the request arrives (``on_new_request``, the first hook

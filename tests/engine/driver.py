@@ -2,7 +2,8 @@
 
 Prefill gets the request with ``max_tokens=1``, non-streamed, carrying the previous turn's
 decode ``kv_transfer_params`` (the D->P offer) when there is one; decode gets the request with
-prefill's params and streams, and its final chunk carries the params for the next turn.
+prefill's params (asking decode to retain the KV when the driver reuses it) and streams, and its
+final chunk carries the params for the next turn.
 Greedy decoding, ``ignore_eos`` so every answer has the asked length.
 """
 
@@ -16,6 +17,7 @@ from typing import Any
 import httpx
 
 from disagg.rig.engine import MODEL_NAME
+from disagg_contract import RETAIN_KEY
 from disagg_router.payloads import prefill_params
 
 
@@ -84,10 +86,13 @@ class PDDriver:
         prefill.raise_for_status()
         prefill_body = prefill.json()
         prefill_choice = prefill_body["choices"][0]
+        decode_params = dict(prefill_body["kv_transfer_params"])
+        if self.reuse:
+            decode_params[RETAIN_KEY] = True
         result = self._stream_decode(
             path,
             {**common, "max_tokens": max_tokens, "stream": True,
-             "kv_transfer_params": prefill_body["kv_transfer_params"]},
+             "kv_transfer_params": decode_params},
             request_id,
         )  # fmt: skip
         result.prefill_logprob = first_logprob(prefill_choice)

@@ -52,3 +52,14 @@ def idle_cpu_percent(server: EngineServer, seconds: float) -> float:
     start = total()
     time.sleep(seconds)
     return 100.0 * (total() - start) / seconds
+
+
+def sample(server: EngineServer, name: str, **labels: str) -> float:
+    """Sum of an engine's Prometheus samples of ``name`` whose labels include ``labels``."""
+    text = httpx.get(f"{server.url}/metrics", timeout=10).text
+    total = 0.0
+    for match in re.finditer(rf"^{re.escape(name)}(?:\{{([^}}]*)\}})? ([0-9.e+-]+)$", text, re.M):
+        found = dict(re.findall(r'(\w+)="([^"]*)"', match.group(1) or ""))
+        if all(found.get(key) == value for key, value in labels.items()):
+            total += float(match.group(2))
+    return total

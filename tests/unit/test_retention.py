@@ -117,18 +117,18 @@ def test_no_claim_whose_hold_would_outlive_the_cap(table: RetentionTable, clock:
     assert table.claim("a", "offer-a", "p:r") == Grant(False, ClaimRefusal.EXPIRING)
 
 
-def test_pressure_frees_least_recently_renewed_first_and_only_what_is_needed(
+def test_pressure_frees_least_recently_made_first_and_only_what_is_needed(
     table: RetentionTable, clock: Clock
 ) -> None:
     for name in "abcd":
         table.retain(name, f"offer-{name}", 3, CAP_S)
         clock.now += 1
-    table.renew("a", "offer-a")
+    table.renew("a", "offer-a")  # a renewal is not a use
     assert table.claim("b", "offer-b", "p:r").granted
     table.release_for_pressure(4)
     due = table.take_due()
-    assert due == [("c", FreeReason.PRESSURE), ("d", FreeReason.PRESSURE)]
-    assert sorted(r.request_id for r in table._retained.values()) == ["a", "b"]
+    assert due == [("a", FreeReason.PRESSURE), ("c", FreeReason.PRESSURE)]
+    assert sorted(r.request_id for r in table._retained.values()) == ["b", "d"]
 
 
 def _table_calls(table: RetentionTable) -> dict[str, Any]:

@@ -24,9 +24,11 @@ from disagg_contract import (
     EXTRA_BACKENDS,
     EXTRA_BIDIRECTIONAL,
     EXTRA_DECODER_TTL,
+    EXTRA_LEASE_TERM,
     EXTRA_RECOMPUTE_THRESHOLD,
     IDLE_STEP_WAIT_ENV,
     KV_ROLE,
+    LEASE_PORT_ENV,
     NIXL_PROGRESS_DELAY_ENV,
     OFFER_KEY_ENV,
     SIDE_CHANNEL_HOST_ENV,
@@ -45,6 +47,8 @@ HOOK_ENV = {NIXL_PROGRESS_DELAY_ENV: "1000", IDLE_STEP_WAIT_ENV: "10000"}
 """Our 2-core settings: paced NIXL progress thread, idle steps that wait for input."""
 RIG_OFFER_KEY = "disagg-rig-offer-signing-key-not-a-secret"
 """The offer-signing key every rig server holds (as the operator gives one key per model)."""
+LEASE_PORT_OFFSET = 2000
+"""A rig server's lease port is its side-channel port plus this (all servers share one host)."""
 
 
 @dataclass(frozen=True)
@@ -61,6 +65,13 @@ class ServerSpec:
     threshold: int = 200
     connector: str = CONNECTOR_CLASS
     hooks: bool = True
+    lease_term_s: float | None = None
+    """Decode's lease term (None: retentions live until read or the TTL, the fixed timer)."""
+
+    @property
+    def lease_port(self) -> int:
+        """Where decode's lease service listens."""
+        return self.side_channel_port + LEASE_PORT_OFFSET
 
     def kv_transfer_config(self) -> dict[str, Any]:
         """The exact ``--kv-transfer-config`` the operator renders for this role."""
@@ -78,6 +89,8 @@ class ServerSpec:
         }
         if self.connector == CONNECTOR_CLASS:
             config["kv_connector_module_path"] = CONNECTOR_MODULE
+        if self.lease_term_s is not None:
+            config["kv_connector_extra_config"][EXTRA_LEASE_TERM] = self.lease_term_s
         return config
 
 
@@ -137,6 +150,7 @@ class EngineServer:
                 "VLLM_CPU_OMP_THREADS_BIND": str(self.spec.core),
                 SIDE_CHANNEL_HOST_ENV: "127.0.0.1",
                 SIDE_CHANNEL_PORT_ENV: str(self.spec.side_channel_port),
+                LEASE_PORT_ENV: str(self.spec.lease_port),
                 OFFER_KEY_ENV: RIG_OFFER_KEY,
                 "VLLM_LOG_STATS_INTERVAL": "1",
                 "VLLM_NO_USAGE_STATS": "1",

