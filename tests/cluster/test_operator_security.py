@@ -19,7 +19,13 @@ import re
 from typing import Any
 
 import kube
-from disagg_contract import CLIENT_KEYS_DIR, ENGINE_KEY_DIR, OFFER_KEY_DIR, SECRET_KEY_NAME
+from disagg_contract import (
+    CLIENT_KEYS_DIR,
+    ENGINE_KEY_DIR,
+    LEASE_PORT,
+    OFFER_KEY_DIR,
+    SECRET_KEY_NAME,
+)
 from disagg_operator.children import adopt
 from disagg_operator.drift import differences
 from disagg_operator.loading import load_resource
@@ -181,11 +187,20 @@ def test_keys_tenants_and_network_policies(
     for verb in ("get", "list", "watch"):
         assert not _can(kubectl, namespace, router_sa, verb, "secrets")
 
-    # The NetworkPolicies: as rendered, owned by the model.
+    # The NetworkPolicies: as rendered, owned by the model; decode's opens its lease port to
+    # the model's router and prefill pods only.
     assert _policies_as_rendered(kubectl, namespace, policies)
     for name in POLICIES:
         (owner,) = _get(kubectl, namespace, "networkpolicy", name)["metadata"]["ownerReferences"]
         assert (owner["uid"], owner["controller"]) == (uid, True)
+    decode_ingress = _get(kubectl, namespace, "networkpolicy", POLICIES[1])["spec"]["ingress"]
+    lease_rules = [
+        r for r in decode_ingress if {"port": LEASE_PORT, "protocol": "TCP"} in r["ports"]
+    ]
+    assert [
+        [peer["podSelector"]["matchLabels"]["app.kubernetes.io/component"] for peer in r["from"]]
+        for r in lease_rules
+    ] == [["router", "prefill"]]
 
     # A hand edit opens prefill to every pod, another deletes the router's policy, and a
     # person rotates the offer key (new key first, old second): the policies are repaired,
