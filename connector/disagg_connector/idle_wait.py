@@ -6,7 +6,8 @@ the step queue, keeping a core busy while nothing happens (the README's "Small m
 the figures). With ``DISAGG_IDLE_STEP_WAIT_MS`` set, the scheduler-side connector makes such
 an idle step wait up to that long on the engine's input queue, waking at once when a request
 arrives. Freeing blocks (read notifications, TTL expiry) is then noticed up to that much later;
-nothing else changes.
+nothing else changes. Decode's leases cut the wait short: it ends at the next lease deadline,
+and the lease service wakes it when the router releases a retention.
 """
 
 from __future__ import annotations
@@ -26,11 +27,20 @@ class EngineInputWaiter:
         self._queue = input_queue
         self.timeout_s = timeout_s
 
-    def wait(self) -> None:
-        """Block until input arrives or the timeout passes."""
+    def wait(self, timeout_s: float | None = None) -> None:
+        """Block until input arrives, :meth:`wake` is called or the timeout passes.
+
+        ``timeout_s``: a shorter timeout for this wait (never a longer one).
+        """
+        limit = self.timeout_s if timeout_s is None else min(timeout_s, self.timeout_s)
         with self._queue.not_empty:
-            if not self._queue.queue:
-                self._queue.not_empty.wait(self.timeout_s)
+            if not self._queue.queue and limit > 0:
+                self._queue.not_empty.wait(limit)
+
+    def wake(self) -> None:
+        """End a wait in progress (from another thread): something besides input needs a step."""
+        with self._queue.not_empty:
+            self._queue.not_empty.notify_all()
 
     @classmethod
     def from_env(cls) -> EngineInputWaiter | None:

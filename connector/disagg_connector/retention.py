@@ -165,6 +165,20 @@ class RetentionTable:
                 retention.released = FreeReason.PRESSURE
                 released += retention.num_blocks
 
+    def seconds_until_due(self) -> float | None:
+        """How long until the next retention may come due by itself (None: none will)."""
+        now = self._clock()
+        deadlines = []
+        with self._lock:
+            for retention in self._retained.values():
+                if retention.released is not None:
+                    deadlines.append(retention.hold_until)
+                elif self.lease_term_s is not None:
+                    deadlines.append(
+                        max(retention.renewed_at + self.lease_term_s, retention.hold_until)
+                    )
+        return max(min(deadlines) - now, 0.0) if deadlines else None
+
     def take_due(self) -> list[tuple[str, FreeReason]]:
         """The retentions to free now (released or lapsed, and past any claim's hold)."""
         now = self._clock()

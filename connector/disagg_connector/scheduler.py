@@ -64,6 +64,7 @@ from disagg_contract import (
     LEASE_KEY,
     LEASE_PORT,
     LEASE_PORT_ENV,
+    LEASE_RELEASE_PATH,
     OFFER_KEY,
     RETAIN_KEY,
     TOKEN_DIGEST_KEY,
@@ -131,8 +132,15 @@ class DisaggConnectorScheduler(NixlPullConnectorScheduler):
         self._plans: dict[str, ReusePlan] = {}
         self._live_requests: set[str] = set()
         self._retained_requests: set[str] = set()
+        self._idle_waiter = EngineInputWaiter.from_env()
+        if self._idle_waiter is not None:
+            logger.info(
+                "Idle steps holding only retained KV wait up to %.0f ms for input",
+                self._idle_waiter.timeout_s * 1000,
+            )
         self._credential = os.environ.get(ENGINE_API_KEY_ENV) or None
         self._claimed_at: dict[str, float] = {}
+        self._claim_answers: collections.deque[str] = collections.deque()
         self.retentions: RetentionTable | None = None
         self._lease_service: LeaseService | None = None
         if (
@@ -141,17 +149,10 @@ class DisaggConnectorScheduler(NixlPullConnectorScheduler):
             and keys is not None
         ):
             self._start_lease_service(vllm_config)
-        self._claim_answers: collections.deque[str] = collections.deque()
         self._asked: dict[str, int] = {}
         self._pressure_blocks = 0
         self._freeing_for_pressure: set[str] = set()
         self._retained_seen = (0, 0)
-        self._idle_waiter = EngineInputWaiter.from_env()
-        if self._idle_waiter is not None:
-            logger.info(
-                "Idle steps holding only retained KV wait up to %.0f ms for input",
-                self._idle_waiter.timeout_s * 1000,
-            )
 
     def _start_lease_service(self, vllm_config: VllmConfig) -> None:
         """Decode: hold retentions as leases and serve them on the lease port."""
@@ -174,9 +175,14 @@ class DisaggConnectorScheduler(NixlPullConnectorScheduler):
         )
 
     def _count_call(self, path: str, result: dict[str, Any]) -> None:
-        """Count decode's answer to a claim (called on the lease service's threads)."""
+        """Count decode's answer to a claim, and wake an idle wait on a release.
+
+        Called on the lease service's threads.
+        """
         if path == LEASE_CLAIM_PATH:
             self._claim_answers.append(GRANTED if result["granted"] else str(result["reason"]))
+        elif path == LEASE_RELEASE_PATH and result["released"] and self._idle_waiter is not None:
+            self._idle_waiter.wake()
 
     @override
     def shutdown(self) -> None:
@@ -445,7 +451,9 @@ class DisaggConnectorScheduler(NixlPullConnectorScheduler):
             and not self._reqs_need_recv
             and scheduler_output.total_num_scheduled_tokens == 0
         ):
-            self._idle_waiter.wait()
+            self._idle_waiter.wait(
+                self.retentions.seconds_until_due() if self.retentions is not None else None
+            )
         return super().build_connector_meta(scheduler_output)
 
     def _free_due(self, scheduler_output: SchedulerOutput) -> None:

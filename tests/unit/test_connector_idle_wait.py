@@ -39,6 +39,17 @@ def test_waiter_wakes_as_soon_as_input_arrives() -> None:
     assert time.monotonic() - started < 5
 
 
+def test_waiter_wakes_when_woken_and_waits_no_longer_than_asked() -> None:
+    waiter = EngineInputWaiter(queue.Queue(), 30)
+    threading.Timer(0.1, waiter.wake).start()
+    started = time.monotonic()
+    waiter.wait()
+    assert time.monotonic() - started < 5
+    started = time.monotonic()
+    waiter.wait(0.1)
+    assert time.monotonic() - started < 5
+
+
 def test_waiter_does_not_wait_when_input_is_queued() -> None:
     inputs: queue.Queue[object] = queue.Queue()
     inputs.put("request")

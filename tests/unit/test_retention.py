@@ -217,3 +217,14 @@ def test_claim_to_nobody_is_an_answer_not_an_exception(
     lease_service.stop()
     answer_ = claim(ClaimTarget("127.0.0.1", port, "a", "offer-a"), "p:1", None)
     assert isinstance(answer_, str) and "no answer" in answer_
+
+
+def test_seconds_until_due_follows_leases_and_holds(table: RetentionTable, clock: Clock) -> None:
+    assert table.seconds_until_due() is None
+    table.retain("a", "offer-a", 1, CAP_S)
+    assert table.seconds_until_due() == TERM_S
+    clock.now += 5
+    assert table.claim("a", "offer-a", "p:r").granted
+    table.release("a", "offer-a")
+    assert table.seconds_until_due() == HOLD_S
+    assert RetentionTable(None, HOLD_S, clock).seconds_until_due() is None

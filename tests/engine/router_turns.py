@@ -1,0 +1,90 @@
+"""Chat turns through a router as a client sends them, and how two runs' answers compare."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from conversations import ANSWER_TOKENS, LOGPROB_TOLERANCE
+from disagg.rig.engine import MODEL_NAME
+from disagg.rig.router import RouterProcess
+
+SYSTEM = {"role": "system", "content": "Answer tersely."}
+
+
+@dataclass
+class Answer:
+    """One turn's answer as the client sees it."""
+
+    request_id: str
+    token_ids: list[int]
+    text: str
+    first_logprob: float
+
+
+def ask(
+    router: RouterProcess, conversation: str, messages: list[dict[str, str]], stream: bool
+) -> Answer:
+    """Send one greedy chat turn through ``router``."""
+    request_id = f"router-{uuid.uuid4().hex[:12]}"
+    body: dict[str, Any] = {
+        "model": MODEL_NAME,
+        "messages": messages,
+        "max_tokens": ANSWER_TOKENS,
+        "temperature": 0.0,
+        "ignore_eos": True,
+        "return_token_ids": True,
+        "logprobs": True,
+        "top_logprobs": 1,
+        "conversation_id": conversation,
+        "stream": stream,
+    }
+    headers = {"X-Request-Id": request_id}
+    with httpx.Client(timeout=300) as client:
+        response = client.post(router.url + "/v1/chat/completions", json=body, headers=headers)
+    assert response.status_code == 200, response.text
+    assert "kv_transfer_params" not in response.text, "internal params leaked to the client"
+    if not stream:
+        choice = response.json()["choices"][0]
+        logprob = choice["logprobs"]["content"][0]["logprob"]
+        return Answer(request_id, choice["token_ids"], choice["message"]["content"], logprob)
+    token_ids: list[int] = []
+    text: list[str] = []
+    logprobs: list[float] = []
+    for block in response.text.split("\n\n"):
+        if not block.startswith("data: ") or block == "data: [DONE]":
+            continue
+        chunk = json.loads(block[len("data: ") :])
+        assert "error" not in chunk, chunk
+        for choice in chunk.get("choices", []):
+            token_ids.extend(choice.get("token_ids") or [])
+            text.append((choice.get("delta") or {}).get("content") or "")
+            content = (choice.get("logprobs") or {}).get("content") or []
+            if content and not logprobs:
+                logprobs.append(content[0]["logprob"])
+    return Answer(request_id, token_ids, "".join(text), logprobs[0])
+
+
+def converse(
+    router: RouterProcess, conversation: str, users: list[str], stream: bool
+) -> list[Answer]:
+    """Chat turns as a client sends them, each carrying the previous answers."""
+    messages: list[dict[str, str]] = [SYSTEM]
+    replies: list[Answer] = []
+    for user in users:
+        if replies:
+            messages.append({"role": "assistant", "content": replies[-1].text})
+        messages.append({"role": "user", "content": user})
+        replies.append(ask(router, conversation, messages, stream))
+    return replies
+
+
+def assert_same(on: list[Answer], off: list[Answer]) -> None:
+    assert len(on) == len(off)
+    for index, (a, b) in enumerate(zip(on, off, strict=True)):
+        assert a.token_ids == b.token_ids, f"turn {index + 1}: answers differ"
+        assert abs(a.first_logprob - b.first_logprob) <= LOGPROB_TOLERANCE, f"turn {index + 1}"
