@@ -16,6 +16,7 @@ SETUPS = {
     "defaults": (),
     "watch-list": ("watch.namespaces={team-a,team-b}",),
     "standalone": ("peering.enabled=false",),
+    "reuse-by-service": ("reuse.interval=30", "reuse.url=http://{service}.{namespace}.svc:{port}"),
     "peering-objects-external": ("peering.create=false", "replicaCount=3"),
     "existing-service-account": ("serviceAccount.create=false", "serviceAccount.name=ops"),
     "pinned-placed": (
@@ -101,6 +102,11 @@ def test_deployment_runs_the_operator_hardened_and_probed() -> None:
         (("peering.enabled=false",), ["--standalone"]),
         (("peering.name=shared",), ["--peering=shared"]),
         (("logging.level=debug", "logging.format=plain"), ["--log-level=debug"]),
+        ((), ["--reuse-interval=60"]),
+        (
+            ("reuse.interval=0", "reuse.url=http://{service}.{namespace}.svc:{port}"),
+            ["--reuse-interval=0", "--reuse-url=http://{service}.{namespace}.svc:{port}"],
+        ),
     ],
 )
 def test_operator_args_follow_the_values(values: tuple[str, ...], expected: list[str]) -> None:

@@ -42,6 +42,8 @@ BAD_VALUES = [
     ("metrics.enabled=yes", "/metrics/enabled", "boolean"),
     ("metrics.serviceMonitor.interval=often", "/metrics/serviceMonitor/interval", "pattern"),
     ("peering.name=Not_A_Name", "/peering/name", "does not match pattern"),
+    ("reuse.interval=-1", "/reuse/interval", "minimum"),
+    ("reuse.url=router.svc:8000", "/reuse/url", "does not match pattern"),
     ("replicas=2", "additional properties 'replicas'", "not allowed"),
     ("logging.colour=red", "additional properties 'colour'", "not allowed"),
 ]
