@@ -610,7 +610,10 @@ class RouterSpec(ApiModel):
     allowed_from: Peers = Field(
         default_factory=list,
         description="Who may reach the router's port through its NetworkPolicy (pods by labels, "
-        "or address ranges). Default: anyone.",
+        "or address ranges). Default: anyone. The operator reads each router's reuse summary "
+        "on this port (status.reuse): when you narrow it, include the operator's pods (e.g. a "
+        "namespaceSelector for its namespace with a podSelector for "
+        "app.kubernetes.io/component: operator), or status.reuse stays empty or goes stale.",
     )
 
 
