@@ -6,7 +6,12 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from disagg_contract import EXTRA_BACKENDS, EXTRA_BIDIRECTIONAL, EXTRA_DECODER_TTL
+from disagg_contract import (
+    EXTRA_BACKENDS,
+    EXTRA_BIDIRECTIONAL,
+    EXTRA_DECODER_TTL,
+    EXTRA_LEASE_TERM,
+)
 from disagg_operator.names import COMPONENT_LABEL, CONFIG_HASH_ANNOTATION
 
 Manifest = dict[str, Any]
@@ -42,6 +47,7 @@ def _deployment(manifest: Manifest) -> str:
     return (
         f"replicas={manifest['spec']['replicas']} "
         f"conversationTtl={_flag(command, '--conversation-ttl')}s "
+        f"idleTimeout={_flag(command, '--idle-timeout-s')}s "
         f"prefill={_flag(command, '--prefill-service')} "
         f"decode={_flag(command, '--decode-service')}"
     )
@@ -59,9 +65,10 @@ def _config_map(manifest: Manifest) -> str:
     for key, text in manifest["data"].items():
         config = json.loads(text)
         extra = config["kv_connector_extra_config"]
+        lease = f" leaseTerm={extra[EXTRA_LEASE_TERM]:g}s" if EXTRA_LEASE_TERM in extra else ""
         facts.append(
             f"{key}: {config['kv_role']} bidir={str(extra[EXTRA_BIDIRECTIONAL]).lower()} "
-            f"ttl={extra[EXTRA_DECODER_TTL]}s backends={','.join(extra[EXTRA_BACKENDS])}"
+            f"ttl={extra[EXTRA_DECODER_TTL]}s{lease} backends={','.join(extra[EXTRA_BACKENDS])}"
         )
     return "; ".join(facts)
 

@@ -45,7 +45,10 @@ def test_summary_has_one_line_per_object(capsys: pytest.CaptureFixture[str]) -> 
     prefill = next(line for line in lines if line.startswith("StatefulSet") and "prefill" in line)
     assert "tp=8" in prefill and "gpus=8" in prefill and "prefixCaching=off" in prefill
     router = next(line for line in lines if line.startswith("Deployment"))
-    assert "conversationTtl=450s" in router
+    assert "conversationTtl=450s" in router and "idleTimeout=120s" in router
+    (config,) = [line for line in lines if line.startswith("ConfigMap")]
+    assert "decode.json: kv_consumer bidir=true ttl=480s leaseTerm=45s" in config
+    assert "prefill.json: kv_producer bidir=true ttl=480s backends" in config
 
 
 def test_several_documents_render_together(
