@@ -15,6 +15,7 @@ from disagg_contract import (
     EXTRA_BACKENDS,
     EXTRA_BIDIRECTIONAL,
     EXTRA_DECODER_TTL,
+    EXTRA_LEASE_TERM,
     EXTRA_RECOMPUTE_THRESHOLD,
     FI_PROVIDER_ENV,
     KV_ROLE,
@@ -42,6 +43,8 @@ EXTRA_KEY_TYPES: dict[str, type | tuple[type, ...]] = {
 
 The same set in vLLM 0.32 and 0.33 (tests/engine/test_vllm_fit.py compares it with vLLM's sources).
 """
+DISAGG_EXTRA_KEY_TYPES: dict[str, type | tuple[type, ...]] = {EXTRA_LEASE_TERM: (int, float)}
+"""``kv_connector_extra_config`` keys only our connector reads (decode's lease term)."""
 
 NIXL_BACKENDS = ("UCX", "LIBFABRIC")
 
@@ -92,12 +95,13 @@ def check_config(
 
 
 def _check_extra(extra: Mapping[str, Any], source: str) -> None:
+    known = {**EXTRA_KEY_TYPES, **DISAGG_EXTRA_KEY_TYPES}
     for key, value in extra.items():
-        expected = EXTRA_KEY_TYPES.get(key)
+        expected = known.get(key)
         if expected is None:
             raise LaunchConfigError(
                 f"{source}: kv_connector_extra_config key {key!r} is not read by vLLM's NIXL "
-                f"connector (known: {', '.join(sorted(EXTRA_KEY_TYPES))}); fix or remove it"
+                f"connector or ours (known: {', '.join(sorted(known))}); fix or remove it"
             )
         wrong_bool = isinstance(value, bool) and expected is not bool
         if wrong_bool or not isinstance(value, expected):
@@ -106,7 +110,7 @@ def _check_extra(extra: Mapping[str, Any], source: str) -> None:
             raise LaunchConfigError(
                 f"{source}: kv_connector_extra_config.{key} must be a JSON {kind}, got {value!r}"
             )
-    for key in (EXTRA_DECODER_TTL, "kv_lease_duration"):
+    for key in (EXTRA_DECODER_TTL, "kv_lease_duration", EXTRA_LEASE_TERM):
         if key in extra and extra[key] <= 0:
             raise LaunchConfigError(
                 f"{source}: kv_connector_extra_config.{key} must be > 0 seconds"

@@ -27,9 +27,9 @@ class Answer:
 
 
 def ask(
-    router: RouterProcess, conversation: str, messages: list[dict[str, str]], stream: bool
+    router: RouterProcess, conversation: str | None, messages: list[dict[str, str]], stream: bool
 ) -> Answer:
-    """Send one greedy chat turn through ``router``."""
+    """Send one greedy chat turn through ``router`` (a one-shot request without a conversation)."""
     request_id = f"router-{uuid.uuid4().hex[:12]}"
     body: dict[str, Any] = {
         "model": MODEL_NAME,
@@ -40,9 +40,10 @@ def ask(
         "return_token_ids": True,
         "logprobs": True,
         "top_logprobs": 1,
-        "conversation_id": conversation,
         "stream": stream,
     }
+    if conversation is not None:
+        body["conversation_id"] = conversation
     headers = {"X-Request-Id": request_id}
     with httpx.Client(timeout=300) as client:
         response = client.post(router.url + "/v1/chat/completions", json=body, headers=headers)

@@ -82,6 +82,8 @@ def test_wrong_kv_role_for_the_role() -> None:
         ({"backends": ["TCP"]}, "backends entry 'TCP'"),
         ({"engine_ttl": True}, "engine_ttl must be a JSON int or float"),
         ({"enable_cross_layers_blocks": True}, "'enable_cross_layers_blocks' is not read"),
+        ({"disagg_lease_term_s": "30"}, "disagg_lease_term_s must be a JSON int or float"),
+        ({"disagg_lease_term_s": 0}, "disagg_lease_term_s must be > 0"),
     ],
 )
 def test_bad_extra_values(extra: dict[str, Any], message: str) -> None:
@@ -94,6 +96,11 @@ def test_every_nixl_pull_key_is_accepted() -> None:
         kv_lease_duration=60, num_threads=8, engine_ttl=1800.5, enforce_handshake_compat=False
     )
     assert check(tuned) == tuned
+
+
+def test_our_lease_term_is_accepted() -> None:
+    leased = config(disagg_lease_term_s=45.0)
+    assert check(leased) == leased
 
 
 @pytest.mark.parametrize("bad", [[], "text", {"kv_role": "kv_producer"}])
