@@ -40,6 +40,7 @@ from disagg_operator.reuse import (
     template_urls,
 )
 from dmodel_samples import minimal_spec, spec_with
+from router_harness import router_rig
 
 NOW, LATER = "2026-01-01T00:00:00Z", "2026-01-01T00:01:00Z"
 OWNER = {
@@ -392,3 +393,26 @@ def test_the_reconciler_writes_reuse_only_when_it_changed() -> None:
     asyncio.run(reconciler.reconcile(copy.deepcopy(api.owner), Live(children={})))
     assert len(api.patches) == 4, "the pass wrote its conditions"
     assert api.owner["status"]["reuse"] == reuse, "a reconcile pass keeps the reuse"
+
+
+def test_the_poller_reads_real_routers_that_require_client_keys() -> None:
+    """What `disagg router` serves is what the operator sums (the path is open: the operator
+    holds no client key)."""
+    with router_rig(prefills=1, decodes=1, api_key="sk-client-key-of-tenant-default") as rig:
+        rig.start_router(api_key="sk-client-key-of-tenant-default")
+        urls = [router.url + REUSE_SUMMARY_PATH for router in rig.routers]
+        reports: Reports = []
+
+        async def report(model: Model, reading: Reading, failures: int) -> None:
+            reports.append((model["metadata"]["uid"], reading, failures))
+
+        async def poll() -> None:
+            poller = ReusePoller(report, interval_s=60, urls=lambda _target: urls)
+            async with aiohttp.ClientSession() as session:
+                await poller.poll(session, [(OWNER, [])])
+
+        asyncio.run(poll())
+    ((_, reading, failures),) = reports
+    assert (reading.failure, failures) == ("", 0)
+    assert reading.figures == summed([parse_summary(summary()), parse_summary(summary())])
+    assert reading.figures is not None and reading.figures.routers == 2
