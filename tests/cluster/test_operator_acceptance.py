@@ -171,8 +171,11 @@ def test_example_becomes_ready_on_p5en_with_least_privilege(
     assert condition(model, "Progressing")["reason"] == "Complete"
 
     table = kubectl("-n", namespace, "get", "dmodel", name).splitlines()
-    assert table[0].split() == ["NAME", "READY", "PREFILL", "DECODE", "BIDIR", "TTL", "AGE"]
+    assert table[0].split() == [
+        "NAME", "READY", "PREFILL", "DECODE", "BIDIR", "TTL", "REUSE", "AGE"
+    ]  # fmt: skip
     assert table[1].split()[:6] == [name, "True", "1", "1", "true", "480"]
+    assert "reuse" not in status, "kwok's router pods serve no reuse summary: nothing written"
 
     # kopf's bookkeeping stays under disagg.dev/, outside status, and adds no finalizer.
     annotations = model["metadata"].get("annotations", {})
