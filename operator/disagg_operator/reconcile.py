@@ -278,18 +278,19 @@ class Reconciler:
         """Write `status.reuse` after a reading of the model's routers, in the model's turn and
         only when it changed (`read`: the model as the operator sees it then, None once gone)."""
 
-        def write() -> None:
+        async def write() -> None:
             watched = read()
             if watched is not None:
-                self._write_reuse(watched, reading, failures)
+                await asyncio.to_thread(self._write_reuse, watched, reading, failures)
 
-        await self._memory.one_at_a_time(uid, lambda: asyncio.to_thread(write))
+        await self._memory.one_at_a_time(uid, write)
 
     def _write_reuse(self, watched: Mapping[str, Any], reading: Reading, failures: int) -> None:
         meta = watched["metadata"]
         owner = self._memory.newest(meta["uid"], {key(watched): watched})[key(watched)]
-        if owner["metadata"].get("deletionTimestamp"):
-            return
+        bidirectional = (owner.get("spec") or {}).get("kvTransfer", {}).get("bidirectional")
+        if owner["metadata"].get("deletionTimestamp") or bidirectional is False:
+            return  # a reading from before bidirectional was turned off must not bring it back
         status = DisaggregatedModelStatus.model_validate(owner.get("status") or {}, strict=False)
         reuse = next_reuse(status.reuse, reading, failures, _now())
         if reuse is None or reuse == status.reuse:

@@ -416,3 +416,13 @@ def test_the_poller_reads_real_routers_that_require_client_keys() -> None:
     assert (reading.failure, failures) == ("", 0)
     assert reading.figures == summed([parse_summary(summary()), parse_summary(summary())])
     assert reading.figures is not None and reading.figures.routers == 2
+
+
+def test_a_reading_after_bidirectional_was_turned_off_writes_nothing() -> None:
+    api = StatusApi()
+    api.owner["spec"] = spec_with({"kvTransfer": {"bidirectional": False}})
+    reconciler = Reconciler(cast(KubeApi, api))
+    reading = Reading(figures=figures(turns=2, hits=1))
+    asyncio.run(reconciler.report_reuse("u-1", lambda: api.owner, reading, 0))
+    asyncio.run(reconciler.report_reuse("u-1", lambda: None, reading, 0))
+    assert api.patches == []
