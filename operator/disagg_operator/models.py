@@ -809,7 +809,8 @@ class ReuseStatus(ApiModel):
     routers: Count = Field(0, description="Router replicas the figures were summed over.")
     observed_at: Annotated[str, StringConstraints(max_length=64)] | None = Field(
         None,
-        description="When the operator read these figures (RFC 3339).",
+        description="When the operator first read these figures (RFC 3339); later readings "
+        "that find the same figures leave it, so that they cost no write.",
         json_schema_extra={"format": "date-time"},
     )
     stale: bool | None = Field(
