@@ -442,18 +442,20 @@ class DisaggConnectorScheduler(NixlPullConnectorScheduler):
 
     @override
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
-        if self.retentions is not None:
-            self._free_due(scheduler_output)
+        # Wait first, then free: what comes due during the wait reaches the worker this step.
         if (
             self._idle_waiter is not None
             and self._retained_requests
             and not self._live_requests
             and not self._reqs_need_recv
+            and not self._reqs_need_send
             and scheduler_output.total_num_scheduled_tokens == 0
         ):
             self._idle_waiter.wait(
                 self.retentions.seconds_until_due() if self.retentions is not None else None
             )
+        if self.retentions is not None:
+            self._free_due(scheduler_output)
         return super().build_connector_meta(scheduler_output)
 
     def _free_due(self, scheduler_output: SchedulerOutput) -> None:
