@@ -21,6 +21,8 @@ SCHEMA = "disagg-bench-leases/v1"
 WAITED_MS = 1000.0
 """A turn waited when decode queued it this long before its first step (room for its KV)."""
 LEG_COLORS = {"lease": "#1f77b4", "fixed": "#7f7f7f"}
+LEG_WIDTHS = {"fixed": 3.0}
+"""The fixed timer's line is drawn wider, so that it shows where the lease's runs over it."""
 
 
 @dataclass(frozen=True)
@@ -222,31 +224,35 @@ def figure(legs: list[LegResult], model: str, subtitle: str = "") -> Figure:
             [s.retained_blocks for s in leg.samples],
             where="post",
             color=color,
+            linewidth=LEG_WIDTHS.get(leg.name, 1.5),
             label=label,
         )
         memory.axvline(leg.workload_s, color=color, linestyle=":", alpha=0.6)
-        for hit, marker in ((True, "o"), (False, "x")):
-            chosen = [t for t in leg.turns if t.hit is hit]
+        kinds = (
+            ("read back", "o", [t for t in leg.turns if t.hit]),
+            ("recomputed", "x", [t for t in leg.turns if not t.hit and t.conversation is not None]),
+            ("one-shot", "^", [t for t in leg.turns if t.conversation is None]),
+        )
+        for kind, marker, chosen in kinds:
             ttft.scatter(
                 [t.t_s for t in chosen],
                 [t.ttft_ms / 1000 for t in chosen],
                 marker=marker,
                 color=color,
-                label=f"{leg.name}: {'read back' if hit else 'recomputed'}",
+                label=f"{leg.name}: {kind}",
             )
     if legs and legs[0].total_blocks:
         memory.axhline(legs[0].total_blocks, color="black", linewidth=0.8, alpha=0.5)
         memory.text(0, legs[0].total_blocks, " decode's KV blocks", va="bottom", fontsize=8)
     memory.set_ylabel("decode blocks held by retention")
-    memory.set_title(
-        f"{model}: retention with a lease vs the fixed timer"
-        + (f"\n{subtitle}" if subtitle else "")
-    )
+    names = " and ".join(leg.name for leg in legs)
+    what = "with a lease vs the fixed timer" if len(legs) > 1 else f"of the {names} leg"
+    memory.set_title(f"{model}: decode retention {what}" + (f"\n{subtitle}" if subtitle else ""))
     memory.grid(True, alpha=0.3)
-    memory.legend(loc="upper right", fontsize=8)
+    memory.legend(loc="lower center", fontsize=8)
     ttft.set_ylabel("TTFT (s)")
     ttft.set_xlabel("seconds since the first turn (dotted: last turn ended)")
     ttft.grid(True, alpha=0.3)
-    ttft.legend(loc="upper right", fontsize=8, ncols=2)
+    ttft.legend(loc="upper right", fontsize=8, ncols=len(legs))
     fig.tight_layout()
     return fig
