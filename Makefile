@@ -145,6 +145,15 @@ bench-local: venv
 	bash tests/engine/setup_env.sh
 	flock $(HEAVY_LOCK) $(BIN)/python benchmarks/local_ttft.py
 
+# bench-leases: decode memory held by retention and TTFT, the lease against the fixed timer, on
+# one multi-conversation workload through the router (disagg.bench.leases on the local rig),
+# rewriting docs/benchmarks/leases-*.json and docs/figures/leases-*.png (about 7 min on 2 cores,
+# under the heavy-job lock).
+.PHONY: bench-leases
+bench-leases: venv
+	bash tests/engine/setup_env.sh
+	flock $(HEAVY_LOCK) $(BIN)/python -m disagg.bench.leases
+
 ## ---- Router ------------------------------------------------------------------
 # `disagg router` tests run with test-unit (stand-in engines; a throwaway redis-server that
 # tests/unit/redis_server.sh installs from Debian when missing) and test-engine (real engines).
