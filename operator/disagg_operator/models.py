@@ -71,9 +71,11 @@ MANAGED_FLAGS_MESSAGE = (
     "must not set a vLLM flag the operator manages, exactly or as --flag=value (disagg serve "
     "refuses its other spellings at start-up): set the spec field instead (--model, "
     "--served-model-name, --revision, --dtype, --max-model-len: spec.model; "
-    "--tensor-parallel-size, -tp, --max-num-seqs, --enable-prefix-caching, "
-    "--no-enable-prefix-caching, --disable-prefix-caching: this role's tensorParallelSize, "
-    "maxNumSeqs, prefixCaching) or drop it (--port, --api-key, --kv-transfer-config, "
+    "--tensor-parallel-size, -tp, --pipeline-parallel-size, -pp, --max-num-seqs, "
+    "--enable-prefix-caching, --no-enable-prefix-caching, --disable-prefix-caching: this role's "
+    "tensorParallelSize, pipelineParallelSize, maxNumSeqs, prefixCaching; --nnodes, -n, "
+    "--node-rank, -r, --master-addr, --headless: this role's nodesPerReplica) or drop it "
+    "(--port, --api-key, --kv-transfer-config, "
     "--enable-prompt-tokens-details, --no-enable-prompt-tokens-details, "
     "--disable-prompt-tokens-details: the operator fixes them)"
 )
@@ -395,15 +397,60 @@ def _explain_managed(args: list[str]) -> str:
     return f"{flag} is set by the operator; {MANAGED_VLLM_FLAGS[flag]}"
 
 
+MAX_NODES_PER_REPLICA = 16
+"""The most pods one vLLM server may span."""
+_WORLD_CEL = (
+    "((has(self.tensorParallelSize) ? self.tensorParallelSize : 1) * "
+    "(has(self.pipelineParallelSize) ? self.pipelineParallelSize : 1))"
+)
+"""One server's ranks in CEL (absent sizes are their default, 1)."""
+_MULTI_NODE_CEL = "(has(self.nodesPerReplica) && self.nodesPerReplica > 1)"
+
+
+def _gpus_fit_one_pod(m: RoleSpec) -> bool:
+    return m.nodes_per_replica > 1 or m.gpus_per_pod is None or m.gpus_per_pod >= m.world_size
+
+
+def _ranks_split_evenly(m: RoleSpec) -> bool:
+    return m.world_size % m.nodes_per_replica == 0
+
+
+def _gpus_match_ranks(m: RoleSpec) -> bool:
+    return (
+        m.nodes_per_replica == 1
+        or m.gpus_per_pod is None
+        or m.gpus_per_pod * m.nodes_per_replica == m.world_size
+    )
+
+
 class RoleSpec(ApiModel):
-    """One serving role (prefill or decode): a StatefulSet of vLLM servers."""
+    """One serving role (prefill or decode): vLLM servers, each one pod of a StatefulSet, or
+    with nodesPerReplica > 1 one group of pods of a LeaderWorkerSet."""
 
     rules = (
         CrossFieldRule(
             field="gpusPerPod",
-            message="must be at least tensorParallelSize",
-            cel="!has(self.gpusPerPod) || self.gpusPerPod >= self.tensorParallelSize",
-            check=lambda m: m.gpus_per_pod is None or m.gpus_per_pod >= m.tensor_parallel_size,
+            message="must be at least tensorParallelSize x pipelineParallelSize: one pod holds "
+            "the whole server (set nodesPerReplica to spread it over several nodes)",
+            cel=f"!has(self.gpusPerPod) || {_MULTI_NODE_CEL} || self.gpusPerPod >= {_WORLD_CEL}",
+            check=_gpus_fit_one_pod,
+        ),
+        CrossFieldRule(
+            field="nodesPerReplica",
+            message="must divide tensorParallelSize x pipelineParallelSize: vLLM's multi-node "
+            "mode runs an equal share of the ranks on each node (e.g. tensorParallelSize 16 on "
+            "nodesPerReplica 2: 8 GPUs per pod)",
+            cel=f"!{_MULTI_NODE_CEL} || {_WORLD_CEL} % self.nodesPerReplica == 0",
+            check=_ranks_split_evenly,
+        ),
+        CrossFieldRule(
+            field="gpusPerPod",
+            message="must be tensorParallelSize x pipelineParallelSize / nodesPerReplica when "
+            "nodesPerReplica > 1: every pod of the group runs that many ranks, one per GPU "
+            "(leave it unset for that default)",
+            cel=f"!has(self.gpusPerPod) || !{_MULTI_NODE_CEL} || "
+            f"self.gpusPerPod * self.nodesPerReplica == {_WORLD_CEL}",
+            check=_gpus_match_ranks,
         ),
         CrossFieldRule(
             field="extraArgs",
@@ -434,12 +481,29 @@ class RoleSpec(ApiModel):
         ),
     )
 
-    replicas: Annotated[int, Field(ge=0, le=64)] = Field(1, description="Number of vLLM servers.")
+    replicas: Annotated[int, Field(ge=0, le=64)] = Field(
+        1, description="Number of vLLM servers (groups of nodesPerReplica pods each)."
+    )
     tensor_parallel_size: Annotated[int, Field(ge=1, le=64)] = Field(
         1, description="Tensor parallel size of each server (--tensor-parallel-size)."
     )
+    pipeline_parallel_size: Annotated[int, Field(ge=1, le=64)] = Field(
+        1, description="Pipeline parallel size of each server (--pipeline-parallel-size)."
+    )
+    nodes_per_replica: Annotated[int, Field(ge=1, le=MAX_NODES_PER_REPLICA)] = Field(
+        1,
+        description="Pods (one per node) each server spans. 1: each server is one pod of a "
+        "StatefulSet. More: each server is one group of a LeaderWorkerSet (the "
+        "LeaderWorkerSet controller must run in the cluster): the leader pod runs disagg serve "
+        "and the vLLM API server, the workers join it with vLLM's multi-node mode (--nnodes, "
+        "--node-rank, --master-addr, --headless), every pod runs "
+        "tensorParallelSize x pipelineParallelSize / nodesPerReplica ranks, and a lost pod "
+        "restarts its whole group. The router addresses the leaders only.",
+    )
     gpus_per_pod: Annotated[int, Field(ge=1, le=64)] | None = Field(
-        None, description="nvidia.com/gpu per pod. Defaults to tensorParallelSize."
+        None,
+        description="nvidia.com/gpu per pod. Defaults to tensorParallelSize x "
+        "pipelineParallelSize / nodesPerReplica.",
     )
     prefix_caching: bool = Field(
         True, description="vLLM automatic prefix caching (--[no-]enable-prefix-caching)."
@@ -490,9 +554,21 @@ class RoleSpec(ApiModel):
     )
 
     @property
+    def world_size(self) -> int:
+        """Ranks (GPUs) of one server: tensor x pipeline parallel size."""
+        return self.tensor_parallel_size * self.pipeline_parallel_size
+
+    @property
+    def multi_node(self) -> bool:
+        """Whether each server spans several pods (a LeaderWorkerSet group)."""
+        return self.nodes_per_replica > 1
+
+    @property
     def gpus(self) -> int:
-        """GPUs each pod requests: `gpusPerPod`, else the tensor parallel size."""
-        return self.gpus_per_pod if self.gpus_per_pod is not None else self.tensor_parallel_size
+        """GPUs each pod requests: `gpusPerPod`, else its share of the server's ranks."""
+        if self.gpus_per_pod is not None:
+            return self.gpus_per_pod
+        return max(1, self.world_size // self.nodes_per_replica)
 
 
 class KvTransferSpec(ApiModel):

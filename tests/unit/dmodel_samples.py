@@ -115,7 +115,7 @@ LEGIT_EXTRA_ARGS = [
     "--no-enable-prompt-embeds",
     "--max-num-partial-prefills=2",
     "-O3",
-    "-pp=1",
+    "-dp=1",
 ]
 """Extra args that are not a managed flag: vLLM options beside them, some sharing a prefix."""
 
@@ -164,6 +164,42 @@ INVALID_SPECS = [
         "tp-zero", {"prefill": {"tensorParallelSize": 0}}, "spec.prefill.tensorParallelSize"
     ),
     InvalidSpec("unknown-backend", {"kvTransfer": {"backend": "TCP"}}, "spec.kvTransfer.backend"),
+    InvalidSpec(
+        "one-pod-smaller-than-tp-x-pp",
+        {"prefill": {"tensorParallelSize": 4, "pipelineParallelSize": 2, "gpusPerPod": 4}},
+        "spec.prefill.gpusPerPod",
+        cross_field=True,
+        says="tensorParallelSize x pipelineParallelSize",
+    ),
+    InvalidSpec(
+        "nodes-not-dividing-tp-x-pp",
+        {"decode": {"tensorParallelSize": 8, "nodesPerReplica": 3}},
+        "spec.decode.nodesPerReplica",
+        cross_field=True,
+        says="must divide tensorParallelSize x pipelineParallelSize",
+    ),
+    InvalidSpec(
+        "gpus-per-pod-not-the-share-of-ranks",
+        {"prefill": {"tensorParallelSize": 16, "nodesPerReplica": 2, "gpusPerPod": 4}},
+        "spec.prefill.gpusPerPod",
+        cross_field=True,
+        says="nodesPerReplica > 1",
+    ),
+    InvalidSpec(
+        "multi-node-libfabric-without-efa",
+        {
+            "decode": {"tensorParallelSize": 16, "nodesPerReplica": 2},
+            "efa": {"enabled": False},
+            "kvTransfer": {"backend": "LIBFABRIC"},
+        },
+        "spec.kvTransfer.backend",
+        cross_field=True,
+        says="set spec.efa.enabled true",
+    ),
+    InvalidSpec("zero-nodes", {"decode": {"nodesPerReplica": 0}}, "spec.decode.nodesPerReplica"),
+    InvalidSpec(
+        "pp-zero", {"prefill": {"pipelineParallelSize": 0}}, "spec.prefill.pipelineParallelSize"
+    ),
     InvalidSpec("replicas-as-string", {"prefill": {"replicas": "2"}}, "spec.prefill.replicas"),
     InvalidSpec("replicas-as-bool", {"decode": {"replicas": True}}, "spec.decode.replicas"),
     InvalidSpec(

@@ -99,6 +99,8 @@ def test_catalogue_is_large_and_covers_every_cross_field_rule() -> None:
         "spec.kvTransfer.sideChannelPort",
         "spec.model.cache.pvc",
         "spec.decode.gpusPerPod",
+        "spec.prefill.gpusPerPod",
+        "spec.decode.nodesPerReplica",
         "spec.prefill.extraArgs",
         "spec.decode.env",
         "spec.prefill.podLabels",
