@@ -69,7 +69,7 @@ def answer(table: RetentionTable, path: str, document: object) -> dict[str, Any]
         grant = table.claim(
             _text(document, "request"), _text(document, "offer"), _text(document, "claimant")
         )
-        return {"granted": grant.granted, "reason": grant.refusal or ""}
+        return {"granted": grant.granted, "hold_s": grant.hold_s, "reason": grant.refusal or ""}
     if path == LEASE_RENEW_PATH:
         gone = [
             {"request": request, "offer": offer}
@@ -207,7 +207,10 @@ def claim(target: ClaimTarget, claimant: str, credential: str | None) -> Grant |
     if not isinstance(document, dict) or not isinstance(document.get("granted"), bool):
         return "decode's answer is not a grant"
     if document["granted"]:
-        return Grant(True)
+        hold_s = document.get("hold_s")
+        if not isinstance(hold_s, int | float) or isinstance(hold_s, bool) or not hold_s > 0:
+            return "decode granted no hold"
+        return Grant(True, hold_s=float(hold_s))
     try:
         return Grant(False, ClaimRefusal(str(document.get("reason"))))
     except ValueError:

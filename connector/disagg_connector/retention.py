@@ -10,10 +10,11 @@ the retention pays:
 - live traffic first: under memory pressure the least recently made retentions are freed (a
   retention is made when its conversation's turn ends, so this is the least recently used);
 - a claim: before prefill reads, it claims the retention; decode grants one reader per
-  retention and, from the last grant, keeps the blocks for ``hold_s`` whatever else happens,
-  so a read that prefill starts within its trust window (shorter than the hold, measured on
-  prefill's own clock from before it asked) never sees freed blocks. A retention that was
-  released, lapsed, freed or claimed by another reader is refused, and prefill recomputes.
+  retention and, from the last grant, keeps the blocks for the hold it granted (at most
+  ``hold_s``, never past the cap) whatever else happens, so a read that prefill starts within
+  its trust window (half the hold, measured on prefill's own clock from before it asked) never
+  sees freed blocks. A retention that was released, lapsed, freed, claimed by another reader
+  or too close to its cap is refused, and prefill recomputes.
 
 Pure logic, no vLLM, safe to call from the lease service's threads and the scheduler's loop.
 All times are this process's ``time.perf_counter()``, the clock vLLM's worker frees blocks by.
@@ -52,7 +53,7 @@ class ClaimRefusal(enum.StrEnum):
     CLAIMED = "claimed"
     """Another reader claimed it first: an offer is read once."""
     EXPIRING = "expiring"
-    """The hard cap comes before a hold would end."""
+    """The hard cap comes before the shortest hold would end."""
 
 
 @dataclass
@@ -76,17 +77,27 @@ class Grant:
 
     granted: bool
     refusal: ClaimRefusal | None = None
+    hold_s: float = 0.0
+    """How long decode holds the blocks past the grant (a granted claim only)."""
 
 
 class RetentionTable:
     """Every retention decode holds, with its lease, its claim and what to free next."""
 
     def __init__(
-        self, lease_term_s: float | None, hold_s: float, clock: Callable[[], float]
+        self,
+        lease_term_s: float | None,
+        hold_s: float,
+        clock: Callable[[], float],
+        min_hold_s: float = 0.0,
     ) -> None:
-        """``lease_term_s`` None: no leases, a retention lives until read or capped."""
+        """``lease_term_s`` None: no leases, a retention lives until read or capped.
+
+        ``hold_s`` is the longest hold a claim gets, ``min_hold_s`` the shortest.
+        """
         self.lease_term_s = lease_term_s
         self.hold_s = hold_s
+        self.min_hold_s = min_hold_s
         self._clock = clock
         self._lock = threading.Lock()
         self._retained: dict[str, Retention] = {}
@@ -137,11 +148,12 @@ class RetentionTable:
                 return Grant(False, ClaimRefusal.CLAIMED)
             if retention.released is not None or self._lapsed(retention, now):
                 return Grant(False, ClaimRefusal.RELEASED)
-            if retention.cap_at <= now + self.hold_s:
+            hold_s = min(self.hold_s, retention.cap_at - now)
+            if hold_s < max(self.min_hold_s, 1e-9):
                 return Grant(False, ClaimRefusal.EXPIRING)
             retention.claimant = claimant
-            retention.hold_until = now + self.hold_s
-            return Grant(True)
+            retention.hold_until = now + hold_s
+            return Grant(True, hold_s=hold_s)
 
     def release_for_pressure(self, blocks_needed: int) -> None:
         """Release the least recently made unheld retentions until ``blocks_needed`` go.

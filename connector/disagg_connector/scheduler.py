@@ -55,7 +55,6 @@ from disagg_connector.reuse_plan import ReusePlan, Verdict, cut_params, plan_reu
 from disagg_connector.stats import GRANTED, DisaggKVConnectorStats
 from disagg_contract import (
     CLAIM_HOLD_S,
-    CLAIM_TRUST_S,
     ENGINE_API_KEY_ENV,
     EXPIRES_AT_KEY,
     EXTRA_LEASE_TERM,
@@ -65,10 +64,12 @@ from disagg_contract import (
     LEASE_PORT,
     LEASE_PORT_ENV,
     LEASE_RELEASE_PATH,
+    MIN_CLAIM_HOLD_S,
     OFFER_KEY,
     RETAIN_KEY,
     TOKEN_DIGEST_KEY,
     Role,
+    claim_trust_s,
 )
 
 if TYPE_CHECKING:
@@ -85,7 +86,7 @@ logger = init_logger(f"vllm.{__name__}")
 
 CLAIM_RECHECK_S = 0.5
 """Scheduling attempts within this long of a granted claim reuse it instead of asking decode
-again (decode holds the blocks for CLAIM_HOLD_S past the grant, far longer)."""
+again, while inside the grant's trust window (decode holds the blocks far longer)."""
 
 
 def prompt_inputs(request: Request) -> PromptInputs:
@@ -139,7 +140,8 @@ class DisaggConnectorScheduler(NixlPullConnectorScheduler):
                 self._idle_waiter.timeout_s * 1000,
             )
         self._credential = os.environ.get(ENGINE_API_KEY_ENV) or None
-        self._claimed_at: dict[str, float] = {}
+        self._claimed: dict[str, tuple[float, float]] = {}
+        """Per request: when prefill sent the last granted claim, and when its trust ends."""
         self._claim_answers: collections.deque[str] = collections.deque()
         self.retentions: RetentionTable | None = None
         self._lease_service: LeaseService | None = None
@@ -158,7 +160,10 @@ class DisaggConnectorScheduler(NixlPullConnectorScheduler):
         """Decode: hold retentions as leases and serve them on the lease port."""
         term = vllm_config.kv_transfer_config.get_from_extra_config(EXTRA_LEASE_TERM, None)
         self.retentions = RetentionTable(
-            float(term) if term else None, CLAIM_HOLD_S, clock=time.perf_counter
+            float(term) if term else None,
+            CLAIM_HOLD_S,
+            clock=time.perf_counter,
+            min_hold_s=MIN_CLAIM_HOLD_S,
         )
         port = int(os.environ.get(LEASE_PORT_ENV, LEASE_PORT))
         port += vllm_config.parallel_config.data_parallel_index
@@ -300,8 +305,8 @@ class DisaggConnectorScheduler(NixlPullConnectorScheduler):
         params = request.kv_transfer_params
         assert params is not None
         now = time.perf_counter()
-        claimed_at = self._claimed_at.get(request.request_id)
-        if claimed_at is not None and now - claimed_at < min(CLAIM_RECHECK_S, CLAIM_TRUST_S):
+        claimed = self._claimed.get(request.request_id)
+        if claimed is not None and now - claimed[0] < CLAIM_RECHECK_S and now < claimed[1]:
             return True
         lease, envelope = params.get(LEASE_KEY), params.get(OFFER_KEY)
         if lease is None or envelope is None:
@@ -312,14 +317,14 @@ class DisaggConnectorScheduler(NixlPullConnectorScheduler):
             )
             answer = claim(target, f"{self.engine_id}:{request.request_id}", self._credential)
         if isinstance(answer, Grant) and answer.granted:
-            self._claimed_at[request.request_id] = now
+            self._claimed[request.request_id] = (now, now + claim_trust_s(answer.hold_s))
             return True
         reason = answer if isinstance(answer, str) else f"decode refused: {answer.refusal}"
         plan = self._plans[request.request_id]
         self._plans[request.request_id] = ReusePlan(
             Verdict.UNCLAIMED, plan.offered_tokens, plan.usable_tokens, 0
         )
-        self._claimed_at.pop(request.request_id, None)
+        self._claimed.pop(request.request_id, None)
         refuse(params)
         logger.warning(
             "Claim of the D->P offer for %s refused (%s); serving it as a recompute",
@@ -359,7 +364,7 @@ class DisaggConnectorScheduler(NixlPullConnectorScheduler):
         self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
     ) -> None:
         self._asked.pop(request.request_id, None)
-        self._claimed_at.pop(request.request_id, None)
+        self._claimed.pop(request.request_id, None)
         plan = self._plans.pop(request.request_id, None)
         if plan is not None:
             self.reuse_stats.record_verdict(Direction.DECODE_TO_PREFILL, plan.verdict)
@@ -379,7 +384,7 @@ class DisaggConnectorScheduler(NixlPullConnectorScheduler):
         self._live_requests.discard(request.request_id)
         self._admitted.discard(request.request_id)
         self._asked.pop(request.request_id, None)
-        self._claimed_at.pop(request.request_id, None)
+        self._claimed.pop(request.request_id, None)
         plan = self._plans.pop(request.request_id, None)
         if plan is not None:
             self.reuse_stats.record_verdict(Direction.DECODE_TO_PREFILL, plan.verdict)

@@ -76,10 +76,11 @@ the offer."""
 # credential>`` when the engines have one). A lease is named by decode's request id and the
 # offer id of its signed envelope: {"request": "<remote_request_id>", "offer": "<id>"}.
 LEASE_CLAIM_PATH = "/disagg/v1/leases/claim"
-"""POST {"request", "offer", "claimant"} -> {"granted": bool, "reason": str}: prefill asks, at
-each scheduling attempt, before it reads. Decode grants one claimant per retention, then holds
-the blocks for CLAIM_HOLD_S past the last grant whatever else happens (release, lease expiry,
-memory pressure), so a read that starts within the hold never sees freed blocks."""
+"""POST {"request", "offer", "claimant"} -> {"granted": bool, "hold_s": float, "reason": str}:
+prefill asks, at each scheduling attempt, before it reads. Decode grants one claimant per
+retention, then holds the blocks for ``hold_s`` past the grant whatever else happens (release,
+lease expiry, memory pressure), so a read that starts within :func:`claim_trust_s` of sending
+the claim never sees freed blocks."""
 LEASE_RENEW_PATH = "/disagg/v1/leases/renew"
 """POST {"leases": [{"request", "offer"}, ...]} -> {"gone": [{"request", "offer"}, ...]}: the
 router extends the leases of open conversations; ``gone`` names the ones decode no longer holds."""
@@ -87,11 +88,19 @@ LEASE_RELEASE_PATH = "/disagg/v1/leases/release"
 """POST {"leases": [{"request", "offer", "reason"}, ...]} -> {"released": int}: the router drops
 retentions it will never offer again (superseded, evicted, expired, idle, closed)."""
 CLAIM_HOLD_S = 30.0
-"""Seconds decode keeps a claimed retention after the last grant (decode's clock)."""
-CLAIM_TRUST_S = CLAIM_HOLD_S / 2
-"""Seconds after sending a granted claim within which prefill may start the read (prefill's
-clock: the grant happened after the send, so decode's hold outlasts this window whatever the
-two clocks say)."""
+"""The longest hold decode grants (decode's clock); never past the retention's hard cap."""
+MIN_CLAIM_HOLD_S = 4.0
+"""The shortest hold decode grants: a retention closer than this to its cap is refused."""
+
+
+def claim_trust_s(hold_s: float) -> float:
+    """Seconds after sending a claim granted ``hold_s`` within which prefill may start the read.
+
+    Measured on prefill's clock from before the claim was sent: the grant happened after the
+    send, so decode's hold outlasts this window whatever the two clocks say, with half the
+    hold to spare for the read itself.
+    """
+    return hold_s / 2
 
 
 class ReleaseReason(enum.StrEnum):

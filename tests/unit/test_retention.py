@@ -14,7 +14,8 @@ from disagg_connector.lease_service import ClaimTarget, LeaseService, answer, cl
 from disagg_connector.retention import ClaimRefusal, FreeReason, Grant, RetentionTable
 from disagg_contract import LEASE_CLAIM_PATH, LEASE_RELEASE_PATH, LEASE_RENEW_PATH
 
-TERM_S, HOLD_S, CAP_S = 30.0, 10.0, 480.0
+TERM_S, HOLD_S, MIN_HOLD_S, CAP_S = 30.0, 10.0, 4.0, 480.0
+GRANTED = Grant(True, hold_s=HOLD_S)
 
 
 class Clock:
@@ -32,7 +33,7 @@ def clock() -> Clock:
 
 @pytest.fixture
 def table(clock: Clock) -> RetentionTable:
-    return RetentionTable(TERM_S, HOLD_S, clock)
+    return RetentionTable(TERM_S, HOLD_S, clock, min_hold_s=MIN_HOLD_S)
 
 
 def test_lease_lapses_without_renewal_and_lives_with_it(
@@ -72,10 +73,10 @@ def test_release_needs_the_offer_id(table: RetentionTable) -> None:
 
 def test_one_claimant_per_retention(table: RetentionTable, clock: Clock) -> None:
     table.retain("a", "offer-a", 4, CAP_S)
-    assert table.claim("a", "offer-a", "prefill-0:r1") == Grant(True)
+    assert table.claim("a", "offer-a", "prefill-0:r1") == GRANTED
     assert table.claim("a", "offer-a", "prefill-1:r9") == Grant(False, ClaimRefusal.CLAIMED)
     clock.now += 1
-    assert table.claim("a", "offer-a", "prefill-0:r1") == Grant(True), "the claimant renews"
+    assert table.claim("a", "offer-a", "prefill-0:r1") == GRANTED, "the claimant renews"
     assert table.claim("a", "other", "prefill-0:r1") == Grant(False, ClaimRefusal.UNKNOWN)
     assert table.forget("a") is FreeReason.READ
     assert table.claim("a", "offer-a", "prefill-0:r1") == Grant(False, ClaimRefusal.UNKNOWN)
@@ -110,10 +111,12 @@ def test_lapsed_lease_refuses_a_claim_before_it_is_swept(
     assert table.claim("a", "offer-a", "p:r") == Grant(False, ClaimRefusal.RELEASED)
 
 
-def test_no_claim_whose_hold_would_outlive_the_cap(table: RetentionTable, clock: Clock) -> None:
+def test_no_hold_outlives_the_cap(table: RetentionTable, clock: Clock) -> None:
     table.retain("a", "offer-a", 4, CAP_S)
-    clock.now += CAP_S - HOLD_S
+    clock.now += CAP_S - HOLD_S / 2
     assert table.renew("a", "offer-a")
+    assert table.claim("a", "offer-a", "p:r") == Grant(True, hold_s=HOLD_S / 2)
+    clock.now += HOLD_S / 2 - MIN_HOLD_S + 0.5
     assert table.claim("a", "offer-a", "p:r") == Grant(False, ClaimRefusal.EXPIRING)
 
 
@@ -148,7 +151,7 @@ def test_answers_to_each_call(table: RetentionTable) -> None:
     assert _table_calls(table) == {
         "renewed": {"gone": [{"request": "z", "offer": "x"}]},
         "released": {"released": 1},
-        "claimed": {"granted": False, "reason": "released"},
+        "claimed": {"granted": False, "hold_s": 0.0, "reason": "released"},
     }
 
 
@@ -203,7 +206,7 @@ def test_claim_over_the_wire(
     lease_service, calls = service
     table.retain("a", "offer-a", 1, CAP_S)
     target = ClaimTarget("127.0.0.1", lease_service.port, "a", "offer-a")
-    assert claim(target, "p:1", "engine-secret") == Grant(True)
+    assert claim(target, "p:1", "engine-secret") == GRANTED
     assert claim(target, "p:2", "engine-secret") == Grant(False, ClaimRefusal.CLAIMED)
     assert "401" in str(claim(target, "p:1", "wrong"))
     assert calls == [LEASE_CLAIM_PATH, LEASE_CLAIM_PATH]
