@@ -30,6 +30,7 @@ from disagg_operator.resources import (
     DISAGGREGATED_MODELS,
     EVENTS,
     PODS,
+    ROLE_WORKLOADS,
     SECRETS,
     ApiResource,
 )
@@ -47,8 +48,9 @@ RULES_PATH = (
 PEERING_GROUP = "kopf.dev"
 READ = ["get", "list", "watch"]
 APPLY = [*READ, "create", "patch"]
-"""Server-side apply is a PATCH that creates missing objects; children are never deleted by
-the operator (the garbage collector follows their owner references)."""
+"""Server-side apply is a PATCH that creates missing objects; children are deleted by the
+garbage collector (it follows their owner references), but for a role's workload the operator
+replaces by another kind."""
 
 
 def _rule(resources: Iterable[ApiResource], verbs: list[str], subresource: str = "") -> Rule:
@@ -73,6 +75,8 @@ def namespaced_rules() -> list[Rule]:
         _rule([DISAGGREGATED_MODELS], ["get", "patch"], subresource="status"),
         # Apply, watch and repair every child kind.
         *_by_group(CHILD_RESOURCES, APPLY),
+        # A role switched between one pod and several per server: its old workload goes.
+        *_by_group(ROLE_WORKLOADS, ["delete"]),
         # Pod conditions explain why a role is not ready.
         _rule([PODS], READ),
         # By name only: do the Secrets the spec names exist, and each model's generated keys

@@ -110,6 +110,19 @@ class KubeApi:
             content_type=APPLY_PATCH,
         )
 
+    def delete(self, resource: ApiResource, namespace: str, name: str, uid: str) -> None:
+        """Delete one object, its dependents first (foreground), only while it has `uid`.
+
+        The object stays, with a deletion timestamp, until the garbage collector has deleted
+        its dependents (a workload's pods): what replaces it can then take its name.
+        """
+        body = {"propagationPolicy": "Foreground", "preconditions": {"uid": uid}}
+        try:
+            self.request("DELETE", resource.path(namespace, name), body=body, expected=(404, 409))
+        except ApiException as exc:
+            if exc.status not in (404, 409):
+                raise
+
     def patch_status(
         self, resource: ApiResource, namespace: str, name: str, status: dict[str, Any]
     ) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from disagg_operator.children import Action, Decision, adopt, decide, key
+from disagg_operator.children import Action, Decision, adopt, controller_uid, decide, key
 from disagg_operator.conditions import (
     Observed,
     PodState,
@@ -40,7 +40,13 @@ from disagg_operator.models import (
 )
 from disagg_operator.names import ROLES, Component, child_name
 from disagg_operator.render import render
-from disagg_operator.resources import DISAGGREGATED_MODELS, SECRETS, resource_of
+from disagg_operator.resources import (
+    DISAGGREGATED_MODELS,
+    ROLE_WORKLOADS,
+    SECRETS,
+    ApiResource,
+    resource_of,
+)
 from disagg_operator.reuse import Reading, next_reuse
 
 Manifest = dict[str, Any]
@@ -345,9 +351,14 @@ class Reconciler:
         keys = ensure_model_keys(self._api, owner, self._log)
         outcome = Outcome(problems=[*keys, *self._prerequisites(spec, meta["namespace"])])
         if not outcome.problems:
-            self._apply_all(desired, current, uid, outcome)
+            replaced = self._delete_replaced(desired, current, uid, outcome)
+            self._apply_all([m for m in desired if key(m) not in replaced], current, uid, outcome)
         name = meta["name"]
-        workloads = {role: current.get(("StatefulSet", child_name(name, role))) for role in ROLES}
+        kinds = {key(m)[1]: key(m)[0] for m in desired}
+        workloads = {
+            role: current.get((kinds[child_name(name, role)], child_name(name, role)))
+            for role in ROLES
+        }
         workloads[Component.ROUTER] = current.get(
             ("Deployment", child_name(name, Component.ROUTER))
         )
@@ -388,6 +399,42 @@ class Reconciler:
                 return None
             raise
         return secret_problem(field_path, ref, namespace, secret)
+
+    def _delete_replaced(
+        self,
+        desired: list[Manifest],
+        current: dict[ChildKey, Mapping[str, Any]],
+        uid: str,
+        outcome: Outcome,
+    ) -> set[ChildKey]:
+        """Delete a role's workload of the kind it no longer takes (nodesPerReplica switched
+        between 1 and more); return the workloads that must wait for it to be gone.
+
+        The new workload takes the old one's name (and its pods' names), so it is applied
+        only once the old one and its pods are gone: their deletion events start the pass
+        that applies it.
+        """
+        waiting: set[ChildKey] = set()
+        for manifest in desired:
+            kind, name = key(manifest)
+            for resource in _other_workloads(kind):
+                old = current.get((resource.kind, name))
+                if old is None or controller_uid(old) != uid:
+                    continue
+                waiting.add((kind, name))
+                if old.get("metadata", {}).get("deletionTimestamp"):
+                    continue
+                namespace = manifest["metadata"]["namespace"]
+                self._api.delete(resource, namespace, name, old["metadata"]["uid"])
+                self._log.info("deleted %s %s (replaced by a %s)", resource.kind, name, kind)
+                outcome.events.append(
+                    Event(
+                        "Normal",
+                        "Replaced",
+                        f"deleted {resource.kind} {name}: the role now runs as a {kind}",
+                    )
+                )
+        return waiting
 
     def _apply_all(
         self,
@@ -496,6 +543,12 @@ def secret_refs(spec: DisaggregatedModelSpec) -> list[tuple[str, SecretKeyRef | 
         refs.append(("spec.auth.apiKeySecret", spec.auth.api_key_secret))
         refs.append(("spec.auth.clientKeysSecret", spec.auth.client_keys_secret))
     return [(field_path, ref) for field_path, ref in refs if ref is not None]
+
+
+def _other_workloads(kind: str) -> list[ApiResource]:
+    """The other kinds a role's workload of `kind` replaces (none for other children)."""
+    kinds = [resource.kind for resource in ROLE_WORKLOADS]
+    return [resource for resource in ROLE_WORKLOADS if kind in kinds and resource.kind != kind]
 
 
 def _resource_version(obj: Mapping[str, Any]) -> int:

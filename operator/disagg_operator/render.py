@@ -22,6 +22,7 @@ from disagg_contract import (
     ENGINE_PORT,
     EXTRA_ARGS_MARKER,
     FI_PROVIDER_ENV,
+    KV_TRANSFER_CONFIG_FLAG,
     LEASE_PORT,
     LEASE_PORT_ENV,
     OFFER_KEY_DIR,
@@ -38,6 +39,7 @@ from disagg_operator.connector_config import (
     config_file,
     config_hash,
     config_map_data,
+    kv_transfer_config,
 )
 from disagg_operator.models import (
     HASH_SEED_ENV,
@@ -69,6 +71,7 @@ GPU_RESOURCE = "nvidia.com/gpu"
 EFA_RESOURCE = "vpc.amazonaws.com/efa"
 HUGEPAGES_RESOURCE = "hugepages-2Mi"
 ZONE_TOPOLOGY_KEY = "topology.kubernetes.io/zone"
+HOSTNAME_TOPOLOGY_KEY = "kubernetes.io/hostname"
 HEALTH_PATH = "/health"
 ENGINE_PORT_NAME = "http"
 LEASE_PORT_NAME = "lease"
@@ -99,6 +102,23 @@ MAX_UNAVAILABLE = 1
 with one replica that pod can still go (a `minAvailable` budget would block every drain)."""
 UNHEALTHY_POD_EVICTION_POLICY = "AlwaysAllow"
 """A pod that is not Ready (crash-looping, still loading weights) never blocks a drain."""
+
+LWS_NAME_LABEL = "leaderworkerset.sigs.k8s.io/name"
+"""On every pod of a LeaderWorkerSet (set by its controller): the LeaderWorkerSet's name."""
+LWS_WORKER_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"
+"""On every pod of a LeaderWorkerSet group: 0 on the leader, 1.. on the workers."""
+LWS_LEADER_ADDRESS = "$(LWS_LEADER_ADDRESS)"
+"""The group leader's DNS name, which the LeaderWorkerSet webhook puts in every pod's env."""
+LWS_WORKER_INDEX = "$(LWS_WORKER_INDEX)"
+"""The pod's index in its group (the leader's is 0), from the same webhook."""
+LWS_STARTUP_POLICY = "LeaderCreated"
+"""Workers start with their leader: the leader is Ready only once every worker has joined."""
+LWS_RESTART_POLICY = "RecreateGroupOnPodRestart"
+"""A lost or restarted pod restarts its whole group: vLLM's ranks cannot rejoin a running one."""
+LWS_SUBDOMAIN_POLICY = "UniquePerReplica"
+"""One headless Service per group (by the LeaderWorkerSet controller, every pod, not-ready ones
+included): workers resolve their leader before it is Ready, and the role's own Service, named
+like the LeaderWorkerSet, stays the router's (leaders only, Ready only)."""
 
 
 def _to_yaml(value: Any) -> str:
@@ -158,8 +178,11 @@ def _read_only(volume: str, path: str) -> dict[str, Any]:
     return {"name": volume, "mountPath": path, "readOnly": True}
 
 
-def _vllm_args(spec: DisaggregatedModelSpec, role: RoleSpec) -> list[str]:
-    """The role's vLLM arguments: the operator's, then the role's extraArgs after the marker.
+def _vllm_args(
+    spec: DisaggregatedModelSpec, role: RoleSpec, multi_node: list[str] | None = None
+) -> list[str]:
+    """The role's vLLM arguments: the operator's (with `multi_node`'s, for one rank of a
+    multi-node server), then the role's extraArgs after the marker.
 
     ``disagg serve`` reads what follows the marker with vLLM's own parser and refuses any
     argument that sets one of the operator's options (the API server refuses only exact flags).
@@ -177,6 +200,8 @@ def _vllm_args(spec: DisaggregatedModelSpec, role: RoleSpec) -> list[str]:
         "--dtype",
         model.dtype,
     ]
+    if role.pipeline_parallel_size > 1:
+        args += ["--pipeline-parallel-size", str(role.pipeline_parallel_size)]
     if model.revision is not None:
         args += ["--revision", model.revision]
     if model.max_model_len is not None:
@@ -185,8 +210,37 @@ def _vllm_args(spec: DisaggregatedModelSpec, role: RoleSpec) -> list[str]:
         args += ["--max-num-seqs", str(role.max_num_seqs)]
     args.append("--enable-prefix-caching" if role.prefix_caching else "--no-enable-prefix-caching")
     args.append("--enable-prompt-tokens-details")
+    args += multi_node or []
     extra = [EXTRA_ARGS_MARKER, *role.extra_args] if role.extra_args else []
     return [*args, *extra]
+
+
+def _multi_node_args(role: RoleSpec, leader: bool) -> list[str]:
+    """vLLM's multi-node flags for the leader (rank 0, with the API server) or a worker
+    (its index in the group, headless); all reach the leader at its group's DNS name."""
+    rank = "0" if leader else LWS_WORKER_INDEX
+    args = [
+        "--nnodes",
+        str(role.nodes_per_replica),
+        "--node-rank",
+        rank,
+        "--master-addr",
+        LWS_LEADER_ADDRESS,
+    ]
+    return args if leader else [*args, "--headless"]
+
+
+def _worker_command(
+    spec: DisaggregatedModelSpec, component: Component, role: RoleSpec
+) -> list[str]:
+    """A worker's command: vLLM's own server CLI in headless mode, with the role's arguments,
+    its extraArgs and the role's connector config, as ``disagg serve`` gives the leader (every
+    rank runs the connector's worker side; the leader's launcher checks the extraArgs)."""
+    own = _vllm_args(
+        spec, role.model_copy(update={"extra_args": []}), _multi_node_args(role, False)
+    )
+    config = json.dumps(kv_transfer_config(spec, Role(component)), separators=(",", ":"))
+    return ["vllm", "serve", *own, *role.extra_args, KV_TRANSFER_CONFIG_FLAG, config]
 
 
 def _serves_leases(spec: DisaggregatedModelSpec, component: Component) -> bool:
@@ -248,9 +302,18 @@ def _tolerations(spec: DisaggregatedModelSpec, role: RoleSpec) -> list[dict[str,
     return base + [toleration.model_dump(exclude_none=True) for toleration in role.tolerations]
 
 
-def _affinity(name: str, role: RoleSpec) -> dict[str, Any]:
-    """The user's affinity, plus (unless it has podAffinity) prefill and decode in one zone."""
+def _affinity(name: str, component: Component, role: RoleSpec) -> dict[str, Any]:
+    """The user's affinity, plus (unless it has podAffinity) prefill and decode in one zone,
+    and for a multi-node role (unless it has podAntiAffinity) each of its pods on a node of
+    its own, so that a group spans nodesPerReplica nodes."""
     affinity = copy.deepcopy(role.affinity) if role.affinity is not None else {}
+    if role.multi_node and "podAntiAffinity" not in affinity:
+        same_role = {"matchLabels": {LWS_NAME_LABEL: child_name(name, component)}}
+        affinity["podAntiAffinity"] = {
+            "requiredDuringSchedulingIgnoredDuringExecution": [
+                {"labelSelector": same_role, "topologyKey": HOSTNAME_TOPOLOGY_KEY}
+            ]
+        }
     if "podAffinity" not in affinity:
         same_model = {
             "matchLabels": instance_labels(name),
@@ -304,7 +367,8 @@ def _engine_ingress(
 ) -> list[dict[str, Any]]:
     """Who may reach a role's pods: the model's router on the vLLM port, the other role on
     the KV-transfer ports, decode's lease port (when it serves leases) from the model's router
-    (renewals, releases) and prefill (claims), and the role's `allowedFrom` on the vLLM port."""
+    (renewals, releases) and prefill (claims), the role's `allowedFrom` on the vLLM port, and
+    for a multi-node role its own pods on every port."""
     peer = Component.DECODE if component is Component.PREFILL else Component.PREFILL
     ingress = [
         {"from": [_pods_of(name, Component.ROUTER)], "ports": [_tcp(ENGINE_PORT)]},
@@ -315,6 +379,9 @@ def _engine_ingress(
         ingress.append({"from": lessees, "ports": [_tcp(LEASE_PORT)]})
     if role.allowed_from:
         ingress.append({"from": _peers(role.allowed_from), "ports": [_tcp(ENGINE_PORT)]})
+    if role.multi_node:
+        # The ranks of one server talk on ports vLLM and NCCL pick (master port, ZMQ, sockets).
+        ingress.append({"from": [_pods_of(name, component)]})
     return ingress
 
 
@@ -353,20 +420,15 @@ def _disruption_budget(name: str, namespace: str, component: Component) -> Manif
 def _engine(
     name: str, namespace: str, spec: DisaggregatedModelSpec, component: Component, hash_: str
 ) -> list[Manifest]:
+    """A role's children: its Service (the router's: one address per server, a multi-node
+    server's leader), budget, NetworkPolicy and workload (a StatefulSet, or with
+    nodesPerReplica > 1 a LeaderWorkerSet)."""
     role = spec.prefill if component is Component.PREFILL else spec.decode
     child = child_name(name, component)
-    common = {
-        "name": child,
-        "namespace": namespace,
-        "labels": labels(name, component),
-        "selector": selector_labels(name, component),
-        "side_channel_port": spec.kv_transfer.side_channel_port,
-        "vllm_port": ENGINE_PORT,
-    }
-    ports = [
-        {"name": ENGINE_PORT_NAME, "containerPort": ENGINE_PORT},
-        {"name": "side-channel", "containerPort": spec.kv_transfer.side_channel_port},
-    ]
+    selector = selector_labels(name, component)
+    service_selector = {**selector, LWS_WORKER_INDEX_LABEL: "0"} if role.multi_node else selector
+    side_channel = {"name": "side-channel", "containerPort": spec.kv_transfer.side_channel_port}
+    ports = [{"name": ENGINE_PORT_NAME, "containerPort": ENGINE_PORT}, side_channel]
     if _serves_leases(spec, component):
         ports.append({"name": LEASE_PORT_NAME, "containerPort": LEASE_PORT})
     volumes = [
@@ -381,16 +443,25 @@ def _engine(
         {"name": CACHE_VOLUME, "mountPath": _cache_mount_path(spec)},
         {"name": SHM_VOLUME, "mountPath": "/dev/shm"},
     ]
-    security = {"capabilities": {"add": ["IPC_LOCK"]}} if spec.efa.enabled else {}
-    statefulset = _render(
-        "engine/statefulset.yaml.j2",
-        **common,
-        replicas=role.replicas,
-        pod_labels={**role.pod_labels, **labels(name, component)},
-        pod_annotations={**role.pod_annotations, CONFIG_HASH_ANNOTATION: hash_},
-        image=spec.image.reference,
-        pull_policy=spec.image.pull_policy,
-        pull_secrets=_pull_secrets(spec.image.pull_secrets),
+    pod = {
+        "pod_labels": {**role.pod_labels, **labels(name, component)},
+        "pod_annotations": {**role.pod_annotations, CONFIG_HASH_ANNOTATION: hash_},
+        "image": spec.image.reference,
+        "pull_policy": spec.image.pull_policy,
+        "pull_secrets": _pull_secrets(spec.image.pull_secrets),
+        "env": _engine_env(name, namespace, spec, component, role),
+        "resources": _engine_resources(spec, role),
+        "security_context": {"capabilities": {"add": ["IPC_LOCK"]}} if spec.efa.enabled else {},
+        "volume_mounts": mounts,
+        "volumes": volumes,
+        "node_selector": role.node_selector,
+        "tolerations": _tolerations(spec, role),
+        "affinity": _affinity(name, component, role),
+    }
+    multi_node = _multi_node_args(role, True) if role.multi_node else None
+    server = _render(
+        "engine/pod.yaml.j2",
+        **pod,
         command=[
             "disagg",
             "serve",
@@ -399,26 +470,55 @@ def _engine(
             "--config",
             config_file(Role(component)),
             "--",
-            *_vllm_args(spec, role),
+            *_vllm_args(spec, role, multi_node),
         ],
-        env=_engine_env(name, namespace, spec, component, role),
         ports=ports,
-        resources=_engine_resources(spec, role),
-        security_context=security,
-        volume_mounts=mounts,
-        volumes=volumes,
-        node_selector=role.node_selector,
-        tolerations=_tolerations(spec, role),
-        affinity=_affinity(name, role),
-        startup_probe=_http_probe(period=10, failures=180),
-        readiness_probe=_http_probe(period=5, failures=3),
-        liveness_probe=_http_probe(period=10, failures=6),
+        probes={
+            "startupProbe": _http_probe(period=10, failures=180),
+            "readinessProbe": _http_probe(period=5, failures=3),
+            "livenessProbe": _http_probe(period=10, failures=6),
+        },
     )
+    common = {"name": child, "namespace": namespace, "labels": labels(name, component)}
+    if role.multi_node:
+        worker = _render(
+            "engine/pod.yaml.j2",
+            **pod,
+            command=_worker_command(spec, component, role),
+            ports=[side_channel],
+            probes={},
+        )
+        workload = _render(
+            "engine/leaderworkerset.yaml.j2",
+            **common,
+            replicas=role.replicas,
+            startup_policy=LWS_STARTUP_POLICY,
+            subdomain_policy=LWS_SUBDOMAIN_POLICY,
+            max_unavailable=MAX_UNAVAILABLE,
+            size=role.nodes_per_replica,
+            restart_policy=LWS_RESTART_POLICY,
+            leader=server,
+            worker=worker,
+        )
+    else:
+        workload = _render(
+            "engine/statefulset.yaml.j2",
+            **common,
+            selector=selector,
+            replicas=role.replicas,
+            pod_template=server,
+        )
     return [
-        _render("engine/service.yaml.j2", **common),
+        _render(
+            "engine/service.yaml.j2",
+            **common,
+            selector=service_selector,
+            side_channel_port=spec.kv_transfer.side_channel_port,
+            vllm_port=ENGINE_PORT,
+        ),
         _disruption_budget(name, namespace, component),
         _network_policy(name, namespace, component, _engine_ingress(name, spec, component, role)),
-        statefulset,
+        workload,
     ]
 
 

@@ -43,6 +43,9 @@ SERVICES = ApiResource("", "v1", "services", "Service")
 SERVICE_ACCOUNTS = ApiResource("", "v1", "serviceaccounts", "ServiceAccount")
 STATEFUL_SETS = ApiResource("apps", "v1", "statefulsets", "StatefulSet")
 DEPLOYMENTS = ApiResource("apps", "v1", "deployments", "Deployment")
+LEADER_WORKER_SETS = ApiResource(
+    "leaderworkerset.x-k8s.io", "v1", "leaderworkersets", "LeaderWorkerSet"
+)
 ROLES = ApiResource("rbac.authorization.k8s.io", "v1", "roles", "Role")
 ROLE_BINDINGS = ApiResource("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding")
 POD_DISRUPTION_BUDGETS = ApiResource("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget")
@@ -62,9 +65,15 @@ CHILD_RESOURCES = (
     POD_DISRUPTION_BUDGETS,
     NETWORK_POLICIES,
     STATEFUL_SETS,
+    LEADER_WORKER_SETS,
     DEPLOYMENTS,
 )
 """Every kind `render` produces; the operator applies, watches and repairs them."""
+
+ROLE_WORKLOADS = (STATEFUL_SETS, LEADER_WORKER_SETS)
+"""The kinds a serving role's servers take (one pod each, or one LeaderWorkerSet group each).
+A role has one of them at a time under its name: switching `nodesPerReplica` between 1 and more
+deletes the other, the only children the operator ever deletes."""
 
 
 def resource_of(manifest: dict[str, Any]) -> ApiResource:

@@ -205,15 +205,16 @@ def test_a_namespace_list_gets_a_role_per_namespace_and_nothing_cluster_wide() -
     assert sorted(p["metadata"]["namespace"] for p in peerings) == ["team-a", "team-b"]
 
 
-def test_rules_hold_no_wildcards_and_no_delete() -> None:
+def test_rules_hold_no_wildcards_and_delete_only_workloads() -> None:
     rules = operator_rules()
     every = rules["namespaced"] + rules["peering"]["namespaced"] + rules["peering"]["clusterwide"]
     assert every
     for rule in every:
         assert "*" not in rule["verbs"] + rule["resources"] + rule["apiGroups"], rule
-        assert not {"delete", "deletecollection", "escalate", "bind", "impersonate"} & set(
-            rule["verbs"]
-        )
+        assert not {"deletecollection", "escalate", "bind", "impersonate"} & set(rule["verbs"])
+        if "delete" in rule["verbs"]:
+            assert rule["verbs"] == ["delete"], "only a replaced workload is deleted"
+            assert set(rule["resources"]) <= {"statefulsets", "leaderworkersets"}, rule
         if "secrets" in rule["resources"]:
             assert set(rule["verbs"]) <= {"get", "create"}, "never listed, watched or rewritten"
             assert rule["resources"] == ["secrets"], "rbac.readSecrets drops this whole rule"

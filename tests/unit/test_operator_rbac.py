@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from disagg_operator.loading import load_spec
 from disagg_operator.render import ROUTER_RULES, render
-from disagg_operator.resources import CHILD_RESOURCES, resource_of
+from disagg_operator.resources import CHILD_RESOURCES, ROLE_WORKLOADS, resource_of
 from dmodel_samples import spec_with
 from gen_rbac import RULES_PATH, namespaced_rules, peering_rules, rules_yaml
 
@@ -26,16 +26,35 @@ def test_chart_copy_is_current() -> None:
     assert RULES_PATH.read_text() == rules_yaml(), "run `make operator-rbac`"
 
 
-def test_no_wildcards_and_no_delete() -> None:
+def test_no_wildcards_and_delete_only_for_replaced_workloads() -> None:
     for rule in _all_rules():
         for values in rule.values():
             assert "*" not in values, rule
-        assert "delete" not in rule["verbs"] and "deletecollection" not in rule["verbs"], rule
+        assert "deletecollection" not in rule["verbs"], rule
+        if "delete" in rule["verbs"]:
+            assert rule["verbs"] == ["delete"], rule
+            workloads = {(r.group, r.plural) for r in ROLE_WORKLOADS}
+            assert {(g, p) for g in rule["apiGroups"] for p in rule["resources"]} <= workloads
+
+
+def test_only_the_two_role_workload_kinds_can_be_deleted() -> None:
+    deletable = {
+        (group, plural)
+        for r in namespaced_rules()
+        if "delete" in r["verbs"]
+        for group in r["apiGroups"]
+        for plural in r["resources"]
+    }
+    assert deletable == {
+        ("apps", "statefulsets"),
+        ("leaderworkerset.x-k8s.io", "leaderworkersets"),
+    }
 
 
 def test_every_rendered_kind_is_a_child_kind() -> None:
     spec = load_spec(spec_with({"router": {"redis": {"urlSecret": {"name": "valkey"}}}}))
-    rendered = {resource_of(m) for m in render("m", "ml", spec)}
+    multi_node = load_spec(spec_with({"decode": {"tensorParallelSize": 16, "nodesPerReplica": 2}}))
+    rendered = {resource_of(m) for s in (spec, multi_node) for m in render("m", "ml", s)}
     assert rendered == set(CHILD_RESOURCES)
 
 
@@ -47,7 +66,8 @@ def test_every_child_kind_can_be_applied_and_watched_and_nothing_more() -> None:
             if resource.group in r["apiGroups"] and resource.plural in r["resources"]
             for verb in r["verbs"]
         }
-        assert verbs == {"get", "list", "watch", "create", "patch"}, resource.plural
+        extra = {"delete"} if resource in ROLE_WORKLOADS else set()
+        assert verbs == {"get", "list", "watch", "create", "patch", *extra}, resource.plural
 
 
 def test_secrets_are_only_read_and_created_by_name() -> None:

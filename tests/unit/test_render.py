@@ -691,8 +691,21 @@ def test_render_is_deterministic() -> None:
 
 
 def _validate_all(manifests: list[Manifest]) -> None:
+    """Every manifest against Kubernetes' schema; a LeaderWorkerSet (no schema here: the API
+    server checks it against its CRD in tests/cluster) by its leader and worker pod templates."""
     for manifest in manifests:
-        kubernetes_validate.validate(manifest, KUBERNETES_VERSION, strict=True)
+        if manifest["kind"] != "LeaderWorkerSet":
+            kubernetes_validate.validate(manifest, KUBERNETES_VERSION, strict=True)
+            continue
+        group = manifest["spec"]["leaderWorkerTemplate"]
+        for template in (group["leaderTemplate"], group["workerTemplate"]):
+            pod_template = {
+                "apiVersion": "v1",
+                "kind": "PodTemplate",
+                "metadata": {"name": manifest["metadata"]["name"]},
+                "template": template,
+            }
+            kubernetes_validate.validate(pod_template, KUBERNETES_VERSION, strict=True)
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda path: path.name)

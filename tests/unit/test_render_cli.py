@@ -26,7 +26,7 @@ def test_render_prints_every_child_as_yaml(path: Path, capsys: pytest.CaptureFix
     assert main(["render", "-f", str(path)]) == 0
     documents = list(yaml.safe_load_all(capsys.readouterr().out))
     kinds = [doc["kind"] for doc in documents]
-    assert kinds.count("StatefulSet") == 2
+    assert kinds.count("StatefulSet") + kinds.count("LeaderWorkerSet") == 2
     assert kinds.count("ConfigMap") == 1
     assert kinds.count("Deployment") == 1
     assert kinds.count("PodDisruptionBudget") == 3

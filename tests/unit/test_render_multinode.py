@@ -1,0 +1,222 @@
+"""A role whose servers span several nodes (`nodesPerReplica` > 1): a LeaderWorkerSet whose
+leader runs `disagg serve` and the API server and whose workers join it with vLLM's multi-node
+mode; the router's Service selects leaders only; switching a role between one pod and several
+per server replaces its workload (the only children the operator deletes)."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+from collections.abc import Mapping
+from typing import Any, cast
+
+from disagg_contract import EXTRA_ARGS_MARKER, KV_TRANSFER_CONFIG_FLAG
+from disagg_operator.children import key
+from disagg_operator.kubeapi import KubeApi
+from disagg_operator.loading import load_spec
+from disagg_operator.reconcile import Live, Reconciler
+from disagg_operator.render import (
+    LWS_LEADER_ADDRESS,
+    LWS_WORKER_INDEX,
+    LWS_WORKER_INDEX_LABEL,
+    render,
+)
+from disagg_operator.resources import ApiResource
+from dmodel_samples import minimal_spec, spec_with
+
+Manifest = dict[str, Any]
+TWO_NODES = {"tensorParallelSize": 16, "nodesPerReplica": 2, "extraArgs": ["--enforce-eager"]}
+
+
+def _children(patch: dict[str, Any]) -> dict[tuple[str, str], Manifest]:
+    return {key(m): m for m in render("big", "ml", load_spec(spec_with(patch)))}
+
+
+def _group(children: Mapping[tuple[str, str], Manifest], role: str) -> dict[str, Any]:
+    group: dict[str, Any] = children[("LeaderWorkerSet", f"big-{role}")]["spec"]
+    return group
+
+
+def _container(template: Mapping[str, Any]) -> dict[str, Any]:
+    (container,) = template["spec"]["containers"]
+    found: dict[str, Any] = container
+    return found
+
+
+def _after(args: list[str], flag: str) -> str:
+    return args[args.index(flag) + 1]
+
+
+def test_one_node_per_server_stays_a_statefulset() -> None:
+    children = _children({})
+    assert ("StatefulSet", "big-prefill") in children
+    assert not any(kind == "LeaderWorkerSet" for kind, _ in children)
+
+
+def test_a_multi_node_role_is_a_leaderworkerset_restarted_as_a_group() -> None:
+    children = _children({"prefill": TWO_NODES})
+    assert ("StatefulSet", "big-prefill") not in children
+    assert ("StatefulSet", "big-decode") in children
+    spec = _group(children, "prefill")
+    assert spec["replicas"] == 1
+    assert spec["startupPolicy"] == "LeaderCreated"
+    assert spec["networkConfig"] == {"subdomainPolicy": "UniquePerReplica"}
+    template = spec["leaderWorkerTemplate"]
+    assert template["size"] == 2
+    assert template["restartPolicy"] == "RecreateGroupOnPodRestart"
+
+
+def test_leader_runs_disagg_serve_as_rank_zero_and_workers_join_headless() -> None:
+    children = _children({"prefill": TWO_NODES})
+    template = _group(children, "prefill")["leaderWorkerTemplate"]
+    leader = _container(template["leaderTemplate"])["command"]
+    assert leader[:2] == ["disagg", "serve"]
+    marker = leader.index("--")
+    vllm = leader[marker + 1 :]
+    own = vllm[: vllm.index(EXTRA_ARGS_MARKER)]
+    assert _after(own, "--nnodes") == "2" and _after(own, "--node-rank") == "0"
+    assert _after(own, "--master-addr") == LWS_LEADER_ADDRESS
+    assert _after(own, "--tensor-parallel-size") == "16"
+    assert "--headless" not in own
+    assert vllm[vllm.index(EXTRA_ARGS_MARKER) + 1 :] == ["--enforce-eager"]
+
+    worker = _container(template["workerTemplate"])["command"]
+    assert worker[:2] == ["vllm", "serve"]
+    assert "--headless" in worker and _after(worker, "--node-rank") == LWS_WORKER_INDEX
+    assert _after(worker, "--master-addr") == LWS_LEADER_ADDRESS
+    assert "--enforce-eager" in worker
+    config = children[("ConfigMap", "big-connector")]["data"]["prefill.json"]
+    assert json.loads(_after(worker, KV_TRANSFER_CONFIG_FLAG)) == json.loads(config)
+
+
+def test_every_pod_of_a_group_gets_its_share_of_gpus_efa_and_its_own_node() -> None:
+    children = _children({"decode": {"tensorParallelSize": 8, "pipelineParallelSize": 2,
+                                     "nodesPerReplica": 2}})  # fmt: skip
+    template = _group(children, "decode")["leaderWorkerTemplate"]
+    for pod in (template["leaderTemplate"], template["workerTemplate"]):
+        limits = _container(pod)["resources"]["limits"]
+        assert limits["nvidia.com/gpu"] == 8
+        assert limits["vpc.amazonaws.com/efa"] == 16 and limits["hugepages-2Mi"] == "5120Mi"
+        (apart,) = pod["spec"]["affinity"]["podAntiAffinity"][
+            "requiredDuringSchedulingIgnoredDuringExecution"
+        ]
+        assert apart["topologyKey"] == "kubernetes.io/hostname"
+        assert apart["labelSelector"]["matchLabels"] == {
+            "leaderworkerset.sigs.k8s.io/name": "big-decode"
+        }
+        assert "podAffinity" in pod["spec"]["affinity"], "prefill and decode stay in one zone"
+        assert _after(_container(pod)["command"], "--pipeline-parallel-size") == "2"
+
+
+def test_workers_serve_no_api_and_carry_no_probe() -> None:
+    template = _group(_children({"prefill": TWO_NODES}), "prefill")["leaderWorkerTemplate"]
+    leader, worker = _container(template["leaderTemplate"]), _container(template["workerTemplate"])
+    assert {"readinessProbe", "startupProbe", "livenessProbe"} <= set(leader)
+    assert not {"readinessProbe", "startupProbe", "livenessProbe"} & set(worker)
+    assert [p["name"] for p in worker["ports"]] == ["side-channel"]
+
+
+def test_the_routers_service_selects_leaders_only() -> None:
+    children = _children({"prefill": TWO_NODES})
+    prefill = children[("Service", "big-prefill")]["spec"]["selector"]
+    assert prefill[LWS_WORKER_INDEX_LABEL] == "0"
+    assert LWS_WORKER_INDEX_LABEL not in children[("Service", "big-decode")]["spec"]["selector"]
+
+
+def test_the_ranks_of_a_group_may_reach_each_other() -> None:
+    children = _children({"prefill": TWO_NODES})
+    ingress = children[("NetworkPolicy", "big-prefill")]["spec"]["ingress"]
+    selector = children[("NetworkPolicy", "big-prefill")]["spec"]["podSelector"]
+    own = {"podSelector": selector}
+    assert {"from": [own]} in ingress
+    decode = children[("NetworkPolicy", "big-decode")]["spec"]["ingress"]
+    assert all("ports" in rule for rule in decode), "single-node roles stay port-filtered"
+
+
+class WorkloadApi:
+    """An API server holding children; deletes are recorded and leave the object terminating."""
+
+    def __init__(self) -> None:
+        self.objects: dict[tuple[str, str], dict[str, Any]] = {}
+        self.writes: list[tuple[str, str]] = []
+        self.version = 1
+
+    def _store(self, obj: dict[str, Any]) -> dict[str, Any]:
+        self.version += 1
+        obj["metadata"]["resourceVersion"] = str(self.version)
+        obj["metadata"].setdefault("uid", f"uid-{obj['kind']}-{obj['metadata']['name']}")
+        self.objects[key(obj)] = obj
+        return copy.deepcopy(obj)
+
+    def apply(self, resource: ApiResource, manifest: dict[str, Any]) -> dict[str, Any]:
+        self.writes.append(("apply", f"{manifest['kind']}/{manifest['metadata']['name']}"))
+        return self._store(copy.deepcopy(manifest))
+
+    def delete(self, resource: ApiResource, namespace: str, name: str, uid: str) -> None:
+        self.writes.append(("delete", f"{resource.kind}/{name}"))
+        assert self.objects[(resource.kind, name)]["metadata"]["uid"] == uid
+        self.objects[(resource.kind, name)]["metadata"]["deletionTimestamp"] = "now"
+
+    def patch_status(self, resource: ApiResource, namespace: str, name: str,
+                     status: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+        return {"kind": "DisaggregatedModel", "metadata": {"name": name, "resourceVersion": "0"}}
+
+    def get(self, resource: ApiResource, namespace: str, name: str) -> dict[str, Any] | None:
+        return {"data": {"disagg-key": "a2V5"}}
+
+
+def _owner(patch: dict[str, Any]) -> dict[str, Any]:
+    spec = minimal_spec()
+    spec.update(copy.deepcopy(patch))
+    return {
+        "apiVersion": "disagg.dev/v1alpha1",
+        "kind": "DisaggregatedModel",
+        "metadata": {"name": "m", "namespace": "ml", "uid": "u-1", "resourceVersion": "1",
+                     "generation": 1},
+        "spec": spec,
+    }  # fmt: skip
+
+
+def test_switching_to_multi_node_deletes_the_statefulset_before_the_leaderworkerset() -> None:
+    api = WorkloadApi()
+    reconciler = Reconciler(cast(KubeApi, api))
+    single = _owner({})
+    asyncio.run(reconciler.reconcile(single, Live(children={})))
+    assert ("StatefulSet", "m-decode") in api.objects
+
+    api.writes.clear()
+    multi = _owner({"decode": {"tensorParallelSize": 16, "nodesPerReplica": 2}})
+    outcome = asyncio.run(reconciler.reconcile(multi, Live(children=copy.deepcopy(api.objects))))
+    assert ("delete", "StatefulSet/m-decode") in api.writes
+    assert ("apply", "LeaderWorkerSet/m-decode") not in api.writes, "waits for the old one"
+    assert any(event.reason == "Replaced" for event in outcome.events)
+
+    # Still terminating: no second delete, still no LeaderWorkerSet.
+    api.writes.clear()
+    asyncio.run(reconciler.reconcile(multi, Live(children=copy.deepcopy(api.objects))))
+    assert not [w for w in api.writes if "m-decode" in w[1] and w[1].split("/")[0] in
+                ("StatefulSet", "LeaderWorkerSet")]  # fmt: skip
+
+    # Gone (its pods too): the LeaderWorkerSet takes its name.
+    del api.objects[("StatefulSet", "m-decode")]
+    reconciler.forget_child("u-1", ("StatefulSet", "m-decode"))
+    api.writes.clear()
+    asyncio.run(reconciler.reconcile(multi, Live(children=copy.deepcopy(api.objects))))
+    assert ("apply", "LeaderWorkerSet/m-decode") in api.writes
+    assert not [w for w in api.writes if w[0] == "delete"]
+
+
+def test_a_workload_of_another_owner_is_never_deleted() -> None:
+    api = WorkloadApi()
+    reconciler = Reconciler(cast(KubeApi, api))
+    foreign = {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": {"name": "m-decode", "namespace": "ml", "uid": "x", "resourceVersion": "1",
+                     "ownerReferences": [{"uid": "other", "controller": True}]},
+    }  # fmt: skip
+    multi = _owner({"decode": {"tensorParallelSize": 16, "nodesPerReplica": 2}})
+    asyncio.run(reconciler.reconcile(multi, Live(children={key(foreign): foreign})))
+    assert not [w for w in api.writes if w[0] == "delete"]
+    assert ("apply", "LeaderWorkerSet/m-decode") in api.writes
