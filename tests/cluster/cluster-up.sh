@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Start the local control plane (kwokctl, binary runtime, binaries from build.sh) or reuse it
 # when it already runs; register the fake nodes, and with DISAGG_REAL_NODE=1 start the real
-# node beside them (node/node-up.sh); print the kubeconfig path on the last line.
+# node beside them (node/node-up.sh); start the LeaderWorkerSet controller (lws-up.sh); print
+# the kubeconfig path on the last line.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 
@@ -90,6 +91,8 @@ until cluster_ready "$since"; do
     fi
     sleep 1
 done
+
+"$CLUSTER_SRC/lws-up.sh" 8>&-
 
 echo "cluster-up: ready in $(($(date +%s) - start)) s; export KUBECONFIG=$CLUSTER_KUBECONFIG" >&2
 echo "$CLUSTER_KUBECONFIG"

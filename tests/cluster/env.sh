@@ -21,6 +21,12 @@ CLUSTER_NAME="${DISAGG_CLUSTER_NAME:-disagg}"
 CLUSTER_STATE="$DISAGG_CACHE/cluster${DISAGG_CLUSTER_NAME:+-$DISAGG_CLUSTER_NAME}"
 CLUSTER_KUBECONFIG="$CLUSTER_STATE/kubeconfig"
 BINARIES=(kube-apiserver kube-controller-manager kube-scheduler kubectl etcd kwok kwokctl helm)
+# The LeaderWorkerSet controller (lws/): its own pinned module, binary and state; cluster-up
+# starts it beside the control plane (lws-up.sh) with its CRD and webhooks.
+LWS_GO="$CLUSTER_SRC/lws"
+LWS_VERSION="$(gomod_version sigs.k8s.io/lws "$LWS_GO/go.mod")"
+LWS_BIN="$DISAGG_CACHE/lws-$LWS_VERSION/bin"
+LWS_STATE="$CLUSTER_STATE/lws"
 
 # The real node (node/): kubelet and kube-proxy from the control plane's Kubernetes release,
 # containerd and the CNI plugins from their own pinned modules, runc from Debian.
@@ -65,7 +71,7 @@ IMAGE_STATE="$DISAGG_CACHE/images"
 REAL_NODE="${DISAGG_REAL_NODE:-0}"
 
 if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then
-    for var in KUBE_VERSION ETCD_VERSION KWOK_VERSION HELM_VERSION CLUSTER_BIN CLUSTER_NAME \
+    for var in KUBE_VERSION ETCD_VERSION KWOK_VERSION HELM_VERSION LWS_VERSION CLUSTER_BIN LWS_BIN CLUSTER_NAME \
         CLUSTER_STATE CLUSTER_KUBECONFIG CONTAINERD_VERSION CNI_PLUGINS_VERSION NODE_BIN \
         NODE_STATE NODE_NAME NODE_NETNS NODE_IP POD_CIDR SERVICE_CIDR NODE_TAINT IMAGE_STATE REAL_NODE; do
         echo "$var=${!var}"
