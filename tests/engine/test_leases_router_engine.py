@@ -9,23 +9,37 @@
 - With a short idle timeout, an idle conversation's blocks are freed on decode within one
   renewal period of the timeout, and a conversation that keeps going past the decoder TTL
   keeps reusing.
+- The operator's poller reads the real router's reuse summary into what `status.reuse` (the
+  REUSE column) shows.
 """
 
 from __future__ import annotations
 
+import asyncio
 import re
 import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
+import aiohttp
+import httpx
 import pytest
+import yaml
 
 from conftest import DECODE_CORE, MODEL_DIR, Rig
 from conversations import user_text
 from disagg.rig.engine import EngineServer, ServerSpec, start_all
 from disagg.rig.router import RouterProcess
-from disagg_contract import DEFAULT_IDLE_TIMEOUT_S, Role, lease_term_s, renewal_period_s
+from disagg_contract import (
+    DEFAULT_IDLE_TIMEOUT_S,
+    REUSE_SUMMARY_PATH,
+    Role,
+    lease_term_s,
+    renewal_period_s,
+)
+from disagg_operator.reuse import Reading, ReusePoller, next_reuse, template_urls
 from probes import sample
 from router_turns import SYSTEM, Answer, ask, assert_same
 
@@ -40,6 +54,7 @@ TURN_LIMIT_S = 10.0
 """A turn takes about two seconds on the rig; one that waits for a timer takes far longer."""
 IDLE_S = 4.0
 LEASE_TTL_S = 12
+EXAMPLE = Path(__file__).parents[2] / "examples" / "demo-cpu.yaml"
 RETAINED = "vllm:disagg_kv_retained_requests"
 FREES = "vllm:disagg_kv_retention_frees_total"
 
@@ -209,3 +224,27 @@ def test_idle_conversation_is_freed_and_an_active_one_outlives_the_ttl(
         answer, _ = active.turn(20)
         turns += 1
         assert read_tokens(rig.on.prefill, answer) > 0, f"turn {turns} did not reuse"
+
+
+def test_the_operator_reads_reuse_from_the_real_router(rig: Rig, servers: Servers) -> None:
+    """What `kubectl get dmodel` shows in REUSE, read by the operator's own poller."""
+    model = yaml.safe_load(EXAMPLE.read_text())
+    model["metadata"] = {"name": "demo", "namespace": "default", "uid": "engine-test"}
+    readings: list[Reading] = []
+
+    async def report(_: object, reading: Reading, failures: int) -> None:
+        assert failures == 0, reading.failure
+        readings.append(reading)
+
+    async def read_once() -> None:
+        poller = ReusePoller(report, 60, urls=template_urls(servers.small_router.url))
+        async with aiohttp.ClientSession() as session:
+            await poller.poll(session, [(model, [])])
+
+    asyncio.run(read_once())
+    status = next_reuse(None, readings[0], 0, "2026-12-01T00:00:00Z")
+    assert status is not None and status.hit_ratio is not None
+    summary = httpx.get(servers.small_router.url + REUSE_SUMMARY_PATH, timeout=10).json()
+    assert status.turns == summary["turns"] >= CONVERSATIONS * ROUNDS
+    assert 0 < status.hits < status.turns and status.reused_tokens > 0
+    assert status.hit_ratio == f"{100 * status.hits / status.turns:.1f}%"
