@@ -109,8 +109,10 @@ def test_release_between_the_offer_and_the_read_is_a_recompute(rig: Rig) -> None
     assert_same_answers(conversation.turns, off_conversation.turns)
     # Decode frees a released retention at once: the claim finds it gone (or released).
     wait_for(
-        lambda: refused_claim(rig.on.prefill, second.request_id, "unknown")
-        or refused_claim(rig.on.prefill, second.request_id, "released"),
+        lambda: (
+            refused_claim(rig.on.prefill, second.request_id, "unknown")
+            or refused_claim(rig.on.prefill, second.request_id, "released")
+        ),
         10,
         f"no refused claim logged:\n{rig.on.prefill.log_tail()}",
     )
