@@ -70,3 +70,42 @@ def small_model(name: str, namespace: str, **patch: Any) -> dict[str, Any]:
         }
     )
     return resource(spec, name=name, namespace=namespace)
+
+
+def example_prerequisites(kubectl: kube.Kubectl, namespace: str, example: dict[str, Any]) -> None:
+    """The token Secret and the model-cache claim (bound to a hostPath volume) it names."""
+    model = example["spec"]["model"]
+    secret = model["tokenSecret"]
+    kubectl("-n", namespace, "create", "secret", "generic", secret["name"],
+            f"--from-literal={secret['key']}=hf_dummy")  # fmt: skip
+    claim = model["cache"]["pvc"]["claimName"]
+    volume = f"{namespace}-{claim}"
+    size = {"storage": "100Gi"}
+    kubectl.apply(
+        [
+            {
+                "apiVersion": "v1",
+                "kind": "PersistentVolume",
+                "metadata": {"name": volume},
+                "spec": {
+                    "capacity": size,
+                    "accessModes": ["ReadWriteMany"],
+                    "storageClassName": "",
+                    "hostPath": {"path": "/models"},
+                    "claimRef": {"namespace": namespace, "name": claim},
+                    "persistentVolumeReclaimPolicy": "Delete",
+                },
+            },
+            {
+                "apiVersion": "v1",
+                "kind": "PersistentVolumeClaim",
+                "metadata": {"name": claim, "namespace": namespace},
+                "spec": {
+                    "accessModes": ["ReadWriteMany"],
+                    "storageClassName": "",
+                    "volumeName": volume,
+                    "resources": {"requests": size},
+                },
+            },
+        ]
+    )

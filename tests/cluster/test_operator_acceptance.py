@@ -11,7 +11,6 @@ ready - the operator's part of the job. Engine health is covered by tests/engine
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import yaml
 
@@ -19,7 +18,13 @@ import kube
 from disagg_operator.children import APPLIED_HASH_ANNOTATION
 from disagg_operator.kubeapi import FIELD_MANAGER
 from gen_rbac import namespaced_rules, peering_rules
-from operator_fixtures import REPO, StartOperator, crds, start_operator  # noqa: F401
+from operator_fixtures import (  # noqa: F401
+    REPO,
+    StartOperator,
+    crds,
+    example_prerequisites,
+    start_operator,
+)
 from operator_harness import children, condition, rendered_children, wait_ready
 
 EXAMPLE = REPO / "examples" / "qwen3-32b-p5en.yaml"
@@ -74,45 +79,6 @@ def _service_account_kubeconfig(
     return path
 
 
-def _example_prerequisites(kubectl: kube.Kubectl, namespace: str, example: dict[str, Any]) -> None:
-    """The token Secret and the model-cache claim (bound to a hostPath volume) it names."""
-    model = example["spec"]["model"]
-    secret = model["tokenSecret"]
-    kubectl("-n", namespace, "create", "secret", "generic", secret["name"],
-            f"--from-literal={secret['key']}=hf_dummy")  # fmt: skip
-    claim = model["cache"]["pvc"]["claimName"]
-    volume = f"{namespace}-{claim}"
-    size = {"storage": "100Gi"}
-    kubectl.apply(
-        [
-            {
-                "apiVersion": "v1",
-                "kind": "PersistentVolume",
-                "metadata": {"name": volume},
-                "spec": {
-                    "capacity": size,
-                    "accessModes": ["ReadWriteMany"],
-                    "storageClassName": "",
-                    "hostPath": {"path": "/models"},
-                    "claimRef": {"namespace": namespace, "name": claim},
-                    "persistentVolumeReclaimPolicy": "Delete",
-                },
-            },
-            {
-                "apiVersion": "v1",
-                "kind": "PersistentVolumeClaim",
-                "metadata": {"name": claim, "namespace": namespace},
-                "spec": {
-                    "accessModes": ["ReadWriteMany"],
-                    "storageClassName": "",
-                    "volumeName": volume,
-                    "resources": {"requests": size},
-                },
-            },
-        ]
-    )
-
-
 def test_example_becomes_ready_on_p5en_with_least_privilege(
     kubectl: kube.Kubectl,
     kubeconfig: Path,
@@ -123,7 +89,7 @@ def test_example_becomes_ready_on_p5en_with_least_privilege(
     example = yaml.safe_load(EXAMPLE.read_text())
     example["metadata"]["namespace"] = namespace
     name = example["metadata"]["name"]
-    _example_prerequisites(kubectl, namespace, example)
+    example_prerequisites(kubectl, namespace, example)
     sa_kubeconfig = _service_account_kubeconfig(
         kubectl, kubeconfig, namespace, tmp_path / "sa-kubeconfig.yaml"
     )
@@ -196,7 +162,8 @@ def test_example_becomes_ready_on_p5en_with_least_privilege(
         return probe.stdout.strip() == "yes"
 
     assert can("patch", "statefulsets.apps") and can("get", "secrets")
-    assert not can("list", "secrets") and not can("delete", "statefulsets.apps")
+    assert not can("list", "secrets") and not can("delete", "deployments.apps")
+    assert can("delete", "statefulsets.apps"), "a role switched to nodesPerReplica > 1"
     assert can("patch", "poddisruptionbudgets.policy")
     assert not can("delete", "poddisruptionbudgets.policy")
     assert "Forbidden" not in operator.log() and "forbidden" not in operator.log(), operator.log()
