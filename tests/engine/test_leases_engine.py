@@ -87,12 +87,18 @@ def wait_for(condition: Any, timeout_s: float, what: str) -> None:
         time.sleep(0.1)
 
 
-def refused_claim(prefill: EngineServer, request_id: str, reason: str) -> bool:
-    text = prefill.log_text()
-    return "D->P offer for" in text and any(
-        request_id in line and "Claim of the D->P offer" in line and reason in line
-        for line in text.splitlines()
-    )
+def wait_refused(prefill: EngineServer, request_id: str, *reasons: str) -> None:
+    """Wait for prefill's log to say decode refused the request's claim, for one of ``reasons``."""
+
+    def refused() -> bool:
+        return any(
+            request_id in line
+            and "Claim of the D->P offer" in line
+            and any(reason in line for reason in reasons)
+            for line in prefill.log_text().splitlines()
+        )
+
+    wait_for(refused, 10, f"no claim refused ({reasons}) logged:\n{prefill.log_tail()}")
 
 
 def test_release_between_the_offer_and_the_read_is_a_recompute(rig: Rig) -> None:
@@ -108,14 +114,7 @@ def test_release_between_the_offer_and_the_read_is_a_recompute(rig: Rig) -> None
     off.token_turn(off_conversation, history, ANSWER_TOKENS)
     assert_same_answers(conversation.turns, off_conversation.turns)
     # Decode frees a released retention at once: the claim finds it gone (or released).
-    wait_for(
-        lambda: (
-            refused_claim(rig.on.prefill, second.request_id, "unknown")
-            or refused_claim(rig.on.prefill, second.request_id, "released")
-        ),
-        10,
-        f"no refused claim logged:\n{rig.on.prefill.log_tail()}",
-    )
+    wait_refused(rig.on.prefill, second.request_id, "unknown", "released")
     assert reuse_record(rig.on.prefill, second.request_id).read == 0
 
 
@@ -162,11 +161,7 @@ def test_release_while_prefill_retries_its_allocation_is_a_recompute(
         10,
         "decode did not grant the first attempt and refuse a retry",
     )
-    wait_for(
-        lambda: refused_claim(replica, results[0].request_id, "released"),
-        10,
-        f"no refused claim logged:\n{replica.log_tail()}",
-    )
+    wait_refused(replica, results[0].request_id, "released")
 
 
 class Blocker:
@@ -224,14 +219,7 @@ def test_an_offer_replayed_to_another_prefill_replica_is_read_once(
     off.token_turn(off_conversation, history, ANSWER_TOKENS)
     assert_same_answers(conversation.turns, off_conversation.turns)
     assert taken.token_ids == honest.token_ids
-    wait_for(
-        lambda: (
-            refused_claim(rig.on.prefill, honest.request_id, "unknown")
-            or refused_claim(rig.on.prefill, honest.request_id, "claimed")
-        ),
-        10,
-        f"no refused claim logged:\n{rig.on.prefill.log_tail()}",
-    )
+    wait_refused(rig.on.prefill, honest.request_id, "unknown", "claimed")
     # And after the honest read of a fresh offer, a replay to the replica is refused too.
     fresh = honest.decode_params
     assert fresh is not None
@@ -241,11 +229,7 @@ def test_an_offer_replayed_to_another_prefill_replica_is_read_once(
     replayed = thief.token_turn(Conversation(offer=dict(fresh)), later, ANSWER_TOKENS)
     off.token_turn(off_conversation, later, ANSWER_TOKENS)
     assert replayed.token_ids == off_conversation.turns[-1].token_ids
-    wait_for(
-        lambda: refused_claim(replica, replayed.request_id, "unknown"),
-        10,
-        f"no refused claim logged:\n{replica.log_tail()}",
-    )
+    wait_refused(replica, replayed.request_id, "unknown")
 
 
 def test_one_shot_requests_are_not_retained(rig: Rig) -> None:
