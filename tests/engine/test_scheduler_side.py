@@ -60,6 +60,7 @@ from disagg_contract import (
     KV_ROLE,
     OFFER_KEY,
     OFFER_KEY_ENV,
+    RETAIN_KEY,
     TOKEN_DIGEST_KEY,
     Role,
 )
@@ -208,7 +209,8 @@ def first_turn(pair: Pair, prompt: list[int]) -> dict[str, Any]:
     prefill, decode = pair
     p2d, _ = drive(prefill, request(prompt, prefill_params(None), 1))
     assert p2d is not None and p2d["do_remote_prefill"] is True
-    d2p, reads = drive(decode, request(prompt, copy.deepcopy(p2d), len(ANSWER)))
+    decode_params = {**copy.deepcopy(p2d), RETAIN_KEY: True}  # a conversation's turn
+    d2p, reads = drive(decode, request(prompt, decode_params, len(ANSWER)))
     assert [read.remote.block_ids for read in reads] == [p2d["remote_block_ids"]]
     assert d2p is not None and d2p["do_remote_decode"] is True
     return d2p
@@ -378,7 +380,7 @@ def test_a_prefill_offer_shorter_than_decode_prompt_is_refused(
     p2d, _ = drive(prefill, request(PROMPT, prefill_params(None), 1))
     assert p2d is not None
     decode.verdicts()
-    published, reads = drive(decode, request(NEXT, p2d, len(ANSWER)))
+    published, reads = drive(decode, request(NEXT, {**p2d, RETAIN_KEY: True}, len(ANSWER)))
     assert reads == []
     assert published is not None and TOKEN_DIGEST_KEY in published
     assert decode.verdicts() == ["prefill_to_decode:malformed"]
