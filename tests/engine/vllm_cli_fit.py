@@ -160,7 +160,7 @@ def mounted_file(pod: Mapping[str, Any], container: Mapping[str, Any], path: Pat
 
 
 def rendered_servers() -> Iterator[RenderedServer]:
-    """Every serving container of every example in examples/."""
+    """Every serving container of every example in examples/ (a multi-node role's leader)."""
     from disagg.cli import build_parser
     from disagg_operator.loading import load_file
     from disagg_operator.render import render
@@ -176,9 +176,14 @@ def rendered_servers() -> Iterator[RenderedServer]:
                 for key, text in manifest["data"].items()
             }
             for manifest in manifests:
-                if manifest["kind"] != "StatefulSet":
+                if manifest["kind"] == "StatefulSet":
+                    pod = manifest["spec"]["template"]["spec"]
+                elif manifest["kind"] == "LeaderWorkerSet":
+                    # The leader serves (disagg serve); workers join it (checked in
+                    # tests/unit/test_render_multinode_fit.py).
+                    pod = manifest["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"]
+                else:
                     continue
-                pod = manifest["spec"]["template"]["spec"]
                 for container in pod["containers"]:
                     command = [*container.get("command", []), *container.get("args", [])]
                     serve = disagg.parse_args(command[1:])
