@@ -138,7 +138,7 @@ FORBIDDEN = [
     Permission("update", "secrets"),
     Permission("patch", "secrets"),
     Permission("delete", "secrets"),
-    Permission("delete", "statefulsets.apps"),
+    Permission("delete", "deployments.apps"),
     Permission("delete", "disaggregatedmodels.disagg.dev"),
     Permission("create", "pods"),
     Permission("create", "pods/exec"),
