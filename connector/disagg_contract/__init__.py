@@ -219,6 +219,10 @@ KV_TRANSFER_CONFIG_FLAG = "--kv-transfer-config"
 EXTRA_ARGS_MARKER = "--"
 """Ends the operator's vLLM arguments in `disagg serve --role R --config F -- <operator's> -- <a
 role's extraArgs>`: the launcher checks only what follows it (rendered only with extraArgs)."""
+_MULTI_NODE = (
+    "set nodesPerReplica (beside extraArgs) instead: the operator renders vLLM's multi-node "
+    "flags for the leader and each worker of the group"
+)
 _PROMPT_TOKENS_DETAILS = (
     "drop it: the router's reuse counters read usage.prompt_tokens_details, which the operator "
     "always enables"
@@ -234,6 +238,15 @@ MANAGED_VLLM_FLAGS: Mapping[str, str] = MappingProxyType(
         # the role's own fields, beside extraArgs
         "--tensor-parallel-size": "set tensorParallelSize (beside extraArgs) instead",
         "-tp": "set tensorParallelSize (beside extraArgs) instead",
+        "--pipeline-parallel-size": "set pipelineParallelSize (beside extraArgs) instead",
+        "-pp": "set pipelineParallelSize (beside extraArgs) instead",
+        # one server across nodes: rendered from nodesPerReplica (LeaderWorkerSet)
+        "--nnodes": _MULTI_NODE,
+        "-n": _MULTI_NODE,
+        "--node-rank": _MULTI_NODE,
+        "-r": _MULTI_NODE,
+        "--master-addr": _MULTI_NODE,
+        "--headless": _MULTI_NODE,
         "--max-num-seqs": "set maxNumSeqs (beside extraArgs) instead",
         "--enable-prefix-caching": "set prefixCaching (beside extraArgs) instead",
         "--no-enable-prefix-caching": "set prefixCaching (beside extraArgs) instead",
