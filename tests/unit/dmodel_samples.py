@@ -115,7 +115,7 @@ LEGIT_EXTRA_ARGS = [
     "--no-enable-prompt-embeds",
     "--max-num-partial-prefills=2",
     "-O3",
-    "-pp=1",
+    "--master-port=29500",
 ]
 """Extra args that are not a managed flag: vLLM options beside them, some sharing a prefix."""
 
