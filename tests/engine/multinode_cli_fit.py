@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "tests" / "engine"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from vllm_cli_fit import command_problems, serve_parser  # noqa: E402
 
