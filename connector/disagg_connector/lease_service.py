@@ -94,7 +94,8 @@ class LeaseService:
         credential: str | None,
         on_call: Callable[[str, dict[str, Any]], None],
     ) -> None:
-        """``on_call(path, answer)`` runs after each answered call (the connector counts)."""
+        """``on_call(path, answer)`` runs for each call answered OK, before the answer goes out
+        (the connector counts it, and a release wakes an idle engine)."""
         handler = _handler(table, credential, on_call)
         self._server = ThreadingHTTPServer((host, port), handler)
         self._server.daemon_threads = True
@@ -139,8 +140,8 @@ def _handler(
             except CallError as exc:
                 self._reply(exc.status, {"error": str(exc)})
                 return
-            self._reply(HTTPStatus.OK, result)
             on_call(self.path, result)
+            self._reply(HTTPStatus.OK, result)
 
         def _authorize(self) -> None:
             if expected is None:
