@@ -301,9 +301,12 @@ class Reconciler:
         reuse = next_reuse(status.reuse, reading, failures, _now())
         if reuse is None or reuse == status.reuse:
             return
-        new = reuse.model_dump(exclude_none=True)
         old = status.reuse.model_dump(exclude_none=True) if status.reuse is not None else {}
-        patch = {"reuse": {**{k: None for k in old if k not in new}, **new}}
+        self._patch_status(meta, {"reuse": _merge_patch(old, reuse.model_dump(exclude_none=True))})
+
+    def _patch_status(self, meta: Mapping[str, Any], patch: dict[str, Any]) -> None:
+        """Patch the model's status and remember what came back; a model deleted meanwhile is
+        no error."""
         try:
             answer = self._api.patch_status(
                 DISAGGREGATED_MODELS, meta["namespace"], meta["name"], patch
@@ -479,19 +482,14 @@ class Reconciler:
         outcome.events.extend(_transition_events(previous, new))
         if new == previous:
             return
-        patch: dict[str, Any] = {k: None for k in previous if k not in new}
-        patch.update(new)
         meta = owner["metadata"]
         self._log.debug("status of %s/%s: %s -> %s", meta["namespace"], meta["name"], previous, new)
-        try:
-            answer = self._api.patch_status(
-                DISAGGREGATED_MODELS, meta["namespace"], meta["name"], patch
-            )
-        except ApiException as exc:
-            if exc.status == 404:
-                return
-            raise
-        self._memory.wrote(meta["uid"], answer)
+        self._patch_status(meta, _merge_patch(previous, new))
+
+
+def _merge_patch(old: Mapping[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """A merge patch from ``old`` to ``new``: the keys ``new`` lacks set to null."""
+    return {**{k: None for k in old if k not in new}, **new}
 
 
 def secret_problem(
