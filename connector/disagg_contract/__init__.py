@@ -44,6 +44,23 @@ EXTRA_BACKENDS = "backends"
 EXTRA_LEASE_TERM = "disagg_lease_term_s"
 """``kv_connector_extra_config`` key: seconds decode keeps a retention past its last renewal
 (see :func:`lease_term_s`); the decoder TTL still caps the retention's whole life."""
+EXTRA_READ_DECISION = "disagg_read_decision"
+"""``kv_connector_extra_config`` key: how prefill decides to read decode's KV (a
+:class:`ReadDecision` value)."""
+
+
+class ReadDecision(enum.StrEnum):
+    """How prefill decides between reading decode's retained KV back (D->P) and recomputing it.
+
+    Either way the recompute threshold is the floor: fewer reusable tokens are recomputed.
+    """
+
+    MEASURED = "measured"
+    """Read only when the connector's running estimate of the read's time (fixed cost plus
+    per-token time, measured on its own reads) is below its estimate of computing those tokens
+    (measured on its own prefills)."""
+    THRESHOLD = "threshold"
+    """Read whenever at least the threshold's tokens are reusable (vLLM's own rule)."""
 
 # --- kv_transfer_params: what decode offers and prefill reads ------------------------------
 KV_TRANSFER_PARAMS = "kv_transfer_params"
