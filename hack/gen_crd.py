@@ -93,7 +93,8 @@ class _Converter:
 
     def model(self, schema: Schema, name: str) -> Schema:
         out = self.node(schema)
-        rules = self.models[name].rules
+        model = self.models.get(name)
+        rules = model.rules if model is not None else ()
         if rules:
             out["x-kubernetes-validations"] = [
                 {"rule": rule.cel, "message": rule.message, "fieldPath": f".{rule.field}"}

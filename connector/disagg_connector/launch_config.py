@@ -16,6 +16,7 @@ from disagg_contract import (
     EXTRA_BIDIRECTIONAL,
     EXTRA_DECODER_TTL,
     EXTRA_LEASE_TERM,
+    EXTRA_READ_DECISION,
     EXTRA_RECOMPUTE_THRESHOLD,
     FI_PROVIDER_ENV,
     KV_ROLE,
@@ -23,6 +24,7 @@ from disagg_contract import (
     SIDE_CHANNEL_HOST_ENV,
     SIDE_CHANNEL_PORT,
     SIDE_CHANNEL_PORT_ENV,
+    ReadDecision,
     Role,
 )
 
@@ -43,8 +45,12 @@ EXTRA_KEY_TYPES: dict[str, type | tuple[type, ...]] = {
 
 The same set in vLLM 0.32 and 0.33 (tests/engine/test_vllm_fit.py compares it with vLLM's sources).
 """
-DISAGG_EXTRA_KEY_TYPES: dict[str, type | tuple[type, ...]] = {EXTRA_LEASE_TERM: (int, float)}
-"""``kv_connector_extra_config`` keys only our connector reads (decode's lease term)."""
+DISAGG_EXTRA_KEY_TYPES: dict[str, type | tuple[type, ...]] = {
+    EXTRA_LEASE_TERM: (int, float),
+    EXTRA_READ_DECISION: str,
+}
+"""``kv_connector_extra_config`` keys only our connector reads (decode's lease term, prefill's
+read decision)."""
 
 NIXL_BACKENDS = ("UCX", "LIBFABRIC")
 
@@ -118,6 +124,12 @@ def _check_extra(extra: Mapping[str, Any], source: str) -> None:
     if extra.get(EXTRA_RECOMPUTE_THRESHOLD, 0) < 0:
         raise LaunchConfigError(
             f"{source}: kv_connector_extra_config.{EXTRA_RECOMPUTE_THRESHOLD} must be >= 0 tokens"
+        )
+    decision = extra.get(EXTRA_READ_DECISION, ReadDecision.THRESHOLD)
+    if decision not in set(ReadDecision):
+        raise LaunchConfigError(
+            f"{source}: kv_connector_extra_config.{EXTRA_READ_DECISION} {decision!r} is not "
+            f"one of {', '.join(ReadDecision)}"
         )
     for backend in extra.get(EXTRA_BACKENDS, []):
         if backend not in NIXL_BACKENDS:

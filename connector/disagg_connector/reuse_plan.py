@@ -27,8 +27,9 @@ class Verdict(enum.StrEnum):
     """What became of an offer: read as offered, cut, or refused, and why.
 
     The first group is decided on the offer itself before anything reads it (see
-    :mod:`offer`); the second by checking decode's digest against the new prompt, and the
-    last by decode's answer to the claim before the read (see :mod:`retention`).
+    :mod:`offer`); the second by checking decode's digest against the new prompt, then by
+    decode's answer to the claim before the read (see :mod:`retention`), and the last by
+    prefill's measured costs.
     """
 
     MALFORMED = "malformed"
@@ -58,6 +59,9 @@ class Verdict(enum.StrEnum):
     UNCLAIMED = "unclaimed"
     """Decode refused (or did not answer) the claim prefill makes before each read: the KV was
     released, freed for live requests, lapsed, or claimed by another reader."""
+    RECOMPUTE_CHEAPER = "recompute-cheaper"
+    """Prefill's measured costs say computing the verified tokens is faster than reading them
+    (the measured read decision, see :mod:`read_cost`)."""
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,11 @@ that sees it, before vLLM's pull scheduler reads any field): its shape is checke
 :mod:`offer_form`), then its signature, expiry and single use. A refused offer is stripped,
 so the request is served as a recompute, and counted by verdict. An admitted D->P offer is
 then checked against the prompt and cut to the longest verified block-aligned prefix (see
-:mod:`reuse_plan`) when vLLM first asks how much to pull, and claimed on decode at every
-scheduling attempt that would read it; a refused claim is a recompute.
+:mod:`reuse_plan`) when vLLM first asks how much to pull. With the measured read decision,
+prefill then reads only when its estimate of the read's time is below its estimate of
+computing those tokens (see :mod:`read_cost`; it times its own prefills and reads). A read is
+claimed on decode at every scheduling attempt that would make it; a refused claim is a
+recompute.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.nixl.pull_scheduler import (
     NixlPullConnectorScheduler,
 )
 from vllm.logger import init_logger
+from vllm.v1.request import RequestStatus
 
 from disagg_connector.idle_wait import EngineInputWaiter
 from disagg_connector.lease_service import ClaimTarget, LeaseService, claim
@@ -50,6 +54,7 @@ from disagg_connector.prefix_digest import (
     TokenDigest,
     TokenRangeError,
 )
+from disagg_connector.read_cost import CostModel, Decision
 from disagg_connector.retention import FreeReason, Grant, RetentionTable
 from disagg_connector.reuse_plan import ReusePlan, Verdict, cut_params, plan_reuse
 from disagg_connector.stats import GRANTED, DisaggKVConnectorStats
@@ -58,6 +63,7 @@ from disagg_contract import (
     ENGINE_API_KEY_ENV,
     EXPIRES_AT_KEY,
     EXTRA_LEASE_TERM,
+    EXTRA_READ_DECISION,
     KV_ROLE,
     LEASE_CLAIM_PATH,
     LEASE_KEY,
@@ -68,6 +74,7 @@ from disagg_contract import (
     OFFER_KEY,
     RETAIN_KEY,
     TOKEN_DIGEST_KEY,
+    ReadDecision,
     Role,
     claim_trust_s,
 )
@@ -155,6 +162,24 @@ class DisaggConnectorScheduler(NixlPullConnectorScheduler):
         self._pressure_blocks = 0
         self._freeing_for_pressure: set[str] = set()
         self._retained_seen = (0, 0)
+        self.costs: CostModel | None = None
+        if self._reads is Direction.DECODE_TO_PREFILL and self.is_bidirectional_kv_xfer_enabled:
+            self.costs = CostModel()
+        self._read_decision = ReadDecision(
+            vllm_config.kv_transfer_config.get_from_extra_config(
+                EXTRA_READ_DECISION, ReadDecision.THRESHOLD
+            )
+        )
+        self._decisions: dict[str, Decision] = {}
+        self._computing: dict[str, tuple[float, int, int]] = {}
+        """Prefill, per request being computed: when it was first scheduled, the tokens it
+        computes and the cached or read tokens they follow."""
+        self._reading: dict[str, tuple[float, int, str]] = {}
+        """Prefill, per D->P read in flight: when it started, the tokens it reads and from which
+        decode engine."""
+        self._engines_read: set[str] = set()
+        """Decode engines this prefill has read from: a first read includes NIXL's handshake,
+        a one-time cost, and is not a sample of the read's cost."""
 
     def _start_lease_service(self, vllm_config: VllmConfig) -> None:
         """Decode: hold retentions as leases and serve them on the lease port."""
@@ -283,9 +308,45 @@ class DisaggConnectorScheduler(NixlPullConnectorScheduler):
             assert params is not None
             self._verify_offer(request, params)
         count, load_async = super().get_num_new_matched_tokens(request, num_computed_tokens)
-        if count and request.request_id in self._plans and not self._claim(request):
+        reads = bool(count) and request.request_id in self._plans
+        if reads and not (
+            self._read_pays(request, count, num_computed_tokens) and self._claim(request)
+        ):
             return 0, False
         return count, load_async
+
+    def _read_pays(self, request: Request, count: int, num_computed_tokens: int) -> bool:
+        """Prefill, measured read decision: whether reading ``count`` tokens beats computing them.
+
+        Decided once per request (vLLM may ask again while no blocks are free). A decision
+        to recompute turns the offer into a recompute, counted as ``recompute-cheaper``.
+        """
+        if self.costs is None or self._read_decision is not ReadDecision.MEASURED:
+            return True
+        decision = self._decisions.get(request.request_id)
+        if decision is None:
+            decision = self.costs.decide(count, num_computed_tokens)
+            self._decisions[request.request_id] = decision
+            self.reuse_stats.record_decision(decision.choice)
+            logger.info(
+                "Read decision for %s: %s %d tokens after %d (read %s, compute %s)",
+                request.request_id,
+                decision.choice.value,
+                count,
+                num_computed_tokens,
+                _seconds(decision.read_s),
+                _seconds(decision.compute_s),
+            )
+        if decision.choice.reads:
+            return True
+        params = request.kv_transfer_params
+        assert params is not None
+        plan = self._plans[request.request_id]
+        self._plans[request.request_id] = ReusePlan(
+            Verdict.RECOMPUTE_CHEAPER, plan.offered_tokens, plan.usable_tokens, plan.usable_tokens
+        )
+        refuse(params)
+        return False
 
     def _note_ask(self, request: Request, num_computed_tokens: int) -> None:
         """Decode: a request asked about again found no room; retained KV makes way for it."""
@@ -365,7 +426,15 @@ class DisaggConnectorScheduler(NixlPullConnectorScheduler):
     ) -> None:
         self._asked.pop(request.request_id, None)
         self._claimed.pop(request.request_id, None)
+        self._decisions.pop(request.request_id, None)
         plan = self._plans.pop(request.request_id, None)
+        if plan is not None and num_external_tokens and self.costs is not None:
+            params = request.kv_transfer_params or {}
+            self._reading[request.request_id] = (
+                time.perf_counter(),
+                num_external_tokens,
+                str(params.get("remote_engine_id")),
+            )
         if plan is not None:
             self.reuse_stats.record_verdict(Direction.DECODE_TO_PREFILL, plan.verdict)
             self.reuse_stats.record_reuse(num_external_tokens, plan.rejected_tokens)
@@ -385,6 +454,9 @@ class DisaggConnectorScheduler(NixlPullConnectorScheduler):
         self._admitted.discard(request.request_id)
         self._asked.pop(request.request_id, None)
         self._claimed.pop(request.request_id, None)
+        self._decisions.pop(request.request_id, None)
+        self._reading.pop(request.request_id, None)
+        self._note_compute(request)
         plan = self._plans.pop(request.request_id, None)
         if plan is not None:
             self.reuse_stats.record_verdict(Direction.DECODE_TO_PREFILL, plan.verdict)
@@ -436,9 +508,44 @@ class DisaggConnectorScheduler(NixlPullConnectorScheduler):
             return
         params[TOKEN_DIGEST_KEY] = digest.to_wire()
 
+    def _note_compute(self, request: Request) -> None:
+        """Prefill: a finished request's compute time is a sample of the compute cost."""
+        started = self._computing.pop(request.request_id, None)
+        if (
+            started is None
+            or self.costs is None
+            or request.status is RequestStatus.FINISHED_ABORTED
+        ):
+            return
+        at, tokens, start = started
+        self.costs.record_compute(tokens, start, time.perf_counter() - at)
+        self._record_estimates()
+
+    def _note_reads(self, connector_output: KVConnectorOutput) -> None:
+        """Prefill: each D->P read reported done is a sample of the read cost."""
+        assert self.costs is not None
+        for req_id in connector_output.failed_recving:
+            self._reading.pop(req_id, None)
+        for req_id in connector_output.finished_recving or ():
+            started = self._reading.pop(req_id, None)
+            if started is None:
+                continue
+            at, tokens, engine = started
+            if engine not in self._engines_read:
+                self._engines_read.add(engine)
+                continue
+            self.costs.record_read(tokens, time.perf_counter() - at)
+            self._record_estimates()
+
+    def _record_estimates(self) -> None:
+        assert self.costs is not None
+        self.reuse_stats.record_estimates(self.costs.estimates())
+
     @override
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
         super().update_connector_output(connector_output)
+        if self.costs is not None:
+            self._note_reads(connector_output)
         for req_id in connector_output.finished_sending or ():
             self._retained_requests.discard(req_id)
             self._freeing_for_pressure.discard(req_id)
@@ -447,6 +554,8 @@ class DisaggConnectorScheduler(NixlPullConnectorScheduler):
 
     @override
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
+        if self.costs is not None:
+            self._note_scheduled(scheduler_output)
         # Wait first, then free: what comes due during the wait reaches the worker this step.
         if (
             self._idle_waiter is not None
@@ -462,6 +571,17 @@ class DisaggConnectorScheduler(NixlPullConnectorScheduler):
         if self.retentions is not None:
             self._free_due(scheduler_output)
         return super().build_connector_meta(scheduler_output)
+
+    def _note_scheduled(self, scheduler_output: SchedulerOutput) -> None:
+        """Prefill: start timing each request's compute; a preempted one is no sample."""
+        now = time.perf_counter()
+        for new in scheduler_output.scheduled_new_reqs:
+            prompt = len(new.prompt_token_ids or ())
+            if prompt > new.num_computed_tokens:
+                computed = new.num_computed_tokens
+                self._computing[new.req_id] = (now, prompt - computed, computed)
+        for req_id in scheduler_output.preempted_req_ids or ():
+            self._computing.pop(req_id, None)
 
     def _free_due(self, scheduler_output: SchedulerOutput) -> None:
         """Decode: free the retentions that are due, making room first if live requests wait.
@@ -494,3 +614,7 @@ class DisaggConnectorScheduler(NixlPullConnectorScheduler):
         if self.reuse_stats.is_empty():
             return None
         return self.reuse_stats.clone_and_reset()
+
+
+def _seconds(value: float | None) -> str:
+    return "unmeasured" if value is None else f"{value * 1000:.1f} ms"

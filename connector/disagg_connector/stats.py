@@ -25,6 +25,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.nixl.stats import (
 from vllm.v1.metrics.utils import create_metric_per_engine
 
 from disagg_connector.offer_form import Direction
+from disagg_connector.read_cost import Choice, Estimates
 from disagg_connector.retention import ClaimRefusal, FreeReason
 from disagg_connector.reuse_plan import Verdict
 
@@ -34,6 +35,8 @@ OFFER_VERDICTS = "disagg_offer_verdicts"
 RETENTION_FREES = "disagg_retention_frees"
 CLAIM_ANSWERS = "disagg_claim_answers"
 RETAINED = "disagg_retained"
+READ_DECISIONS = "disagg_read_decisions"
+COST_ESTIMATES = "disagg_cost_estimates"
 _REUSE_KEYS = (
     REUSED_TOKENS,
     REJECTED_TOKENS,
@@ -41,7 +44,11 @@ _REUSE_KEYS = (
     RETENTION_FREES,
     CLAIM_ANSWERS,
     RETAINED,
+    READ_DECISIONS,
+    COST_ESTIMATES,
 )
+ESTIMATE_NAMES = ("read_fixed_seconds", "read_tokens_per_second", "compute_tokens_per_second")
+"""The ``estimate`` labels of prefill's cost estimates, in :class:`Estimates` field order."""
 GRANTED = "granted"
 """The ``outcome`` of a granted claim (the others are :class:`ClaimRefusal` values)."""
 
@@ -76,6 +83,16 @@ class DisaggKVConnectorStats(NixlKVConnectorStats):
         """Record what decode's retentions hold now (the last record wins)."""
         self.data[RETAINED].append([requests, blocks])
 
+    def record_decision(self, choice: Choice) -> None:
+        """Record one measured read-or-recompute decision of prefill."""
+        self.data[READ_DECISIONS].append(choice.value)
+
+    def record_estimates(self, estimates: Estimates) -> None:
+        """Record prefill's current cost estimates (the last record wins; None: unmeasured)."""
+        self.data[COST_ESTIMATES].append(
+            [estimates.read_fixed_s, estimates.read_tokens_per_s, estimates.compute_tokens_per_s]
+        )
+
     @override
     def is_empty(self) -> bool:
         return bool(super().is_empty()) and not any(self.data.get(k) for k in _REUSE_KEYS)
@@ -101,6 +118,12 @@ class DisaggKVConnectorStats(NixlKVConnectorStats):
             reduced[f"Claims {label}"] = self.data[CLAIM_ANSWERS].count(label)
         if self.data.get(RETAINED):
             reduced["Retained requests"], reduced["Retained blocks"] = self.data[RETAINED][-1]
+        for label in sorted(set(self.data.get(READ_DECISIONS, []))):
+            reduced[f"Read decisions ({label})"] = self.data[READ_DECISIONS].count(label)
+        if self.data.get(COST_ESTIMATES):
+            for name, value in zip(ESTIMATE_NAMES, self.data[COST_ESTIMATES][-1], strict=True):
+                if value is not None:
+                    reduced[f"Estimated {name.replace('_', ' ')}"] = round(value, 6)
         return reduced
 
 
@@ -178,6 +201,20 @@ class DisaggPromMetrics(NixlPromMetrics):
             )
             for name in ("requests", "blocks")
         }
+        decisions = self._counter_cls(
+            name="vllm:disagg_kv_read_decisions",
+            documentation="Prefill's measured read-or-recompute decisions on decode's verified "
+            "KV, by choice (read: cheaper than computing; recompute: computing is cheaper; "
+            "unmeasured: no estimate yet, read; probe: read to re-measure the link).",
+            labelnames=[*labelnames, "choice"],
+        )
+        estimates = self._gauge_cls(
+            name="vllm:disagg_kv_cost_estimate",
+            documentation="Prefill's running cost estimates behind its read decisions: a D->P "
+            "read's fixed seconds and tokens per second, and compute tokens per second.",
+            labelnames=[*labelnames, "estimate"],
+            multiprocess_mode="mostrecent",
+        )
         self.retention_series: dict[int, dict[str, Any]] = {
             engine_idx: {
                 **{
@@ -189,6 +226,14 @@ class DisaggPromMetrics(NixlPromMetrics):
                     for outcome in (GRANTED, *ClaimRefusal)
                 },
                 **{f"{RETAINED}:{name}": gauge.labels(*values) for name, gauge in retained.items()},
+                **{
+                    f"{READ_DECISIONS}:{choice.value}": decisions.labels(*values, choice.value)
+                    for choice in Choice
+                },
+                **{
+                    f"{COST_ESTIMATES}:{name}": estimates.labels(*values, name)
+                    for name in ESTIMATE_NAMES
+                },
             }
             for engine_idx, values in self.per_engine_labelvalues.items()
         }
@@ -197,7 +242,7 @@ class DisaggPromMetrics(NixlPromMetrics):
     def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:
         super().observe(transfer_stats_data, engine_idx)
         retention = self.retention_series[engine_idx]
-        for key in (RETENTION_FREES, CLAIM_ANSWERS):
+        for key in (RETENTION_FREES, CLAIM_ANSWERS, READ_DECISIONS):
             for label in transfer_stats_data.get(key, ()):
                 if (counter := retention.get(f"{key}:{label}")) is not None:
                     counter.inc()
@@ -205,6 +250,10 @@ class DisaggPromMetrics(NixlPromMetrics):
             requests, blocks = snapshots[-1]
             retention[f"{RETAINED}:requests"].set(requests)
             retention[f"{RETAINED}:blocks"].set(blocks)
+        if snapshots := transfer_stats_data.get(COST_ESTIMATES):
+            for name, value in zip(ESTIMATE_NAMES, snapshots[-1], strict=True):
+                if value is not None:
+                    retention[f"{COST_ESTIMATES}:{name}"].set(value)
         for key, counter in self.reuse_counters.items():
             for value in transfer_stats_data.get(key, ()):
                 counter[engine_idx].inc(value)

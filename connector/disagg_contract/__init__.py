@@ -62,6 +62,7 @@ class ReadDecision(enum.StrEnum):
     THRESHOLD = "threshold"
     """Read whenever at least the threshold's tokens are reusable (vLLM's own rule)."""
 
+
 # --- kv_transfer_params: what decode offers and prefill reads ------------------------------
 KV_TRANSFER_PARAMS = "kv_transfer_params"
 """The request and response field that carries the connector's params through the router."""

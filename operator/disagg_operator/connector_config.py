@@ -13,6 +13,7 @@ from disagg_contract import (
     EXTRA_BIDIRECTIONAL,
     EXTRA_DECODER_TTL,
     EXTRA_LEASE_TERM,
+    EXTRA_READ_DECISION,
     EXTRA_RECOMPUTE_THRESHOLD,
     KV_ROLE,
     Role,
@@ -27,8 +28,9 @@ KV_BUFFER_DEVICE = "cuda"
 def kv_transfer_config(spec: DisaggregatedModelSpec, role: Role) -> dict[str, Any]:
     """The `--kv-transfer-config` object for one role (only keys vLLM >= 0.32 accepts).
 
-    Decode, when bidirectional, also gets the lease term its retentions live past their last
-    renewal (from `kvTransfer.idleTimeoutSeconds`); bidirectional off, nothing is retained.
+    When bidirectional, decode also gets the lease term its retentions live past their last
+    renewal (from `kvTransfer.idleTimeoutSeconds`) and prefill how it decides to read them
+    back (`kvTransfer.readDecision`); bidirectional off, nothing is retained or read back.
     """
     kv = spec.kv_transfer
     extra: dict[str, Any] = {
@@ -39,6 +41,8 @@ def kv_transfer_config(spec: DisaggregatedModelSpec, role: Role) -> dict[str, An
     }
     if kv.bidirectional and role is Role.DECODE:
         extra[EXTRA_LEASE_TERM] = lease_term_s(kv.idle_timeout_seconds)
+    if kv.bidirectional and role is Role.PREFILL:
+        extra[EXTRA_READ_DECISION] = str(kv.read_decision)
     return {
         "kv_connector": CONNECTOR_CLASS,
         "kv_connector_module_path": CONNECTOR_MODULE,

@@ -34,6 +34,7 @@ from disagg_contract import (
     SIDE_CHANNEL_HOST_ENV,
     SIDE_CHANNEL_PORT,
     SIDE_CHANNEL_PORT_ENV,
+    ReadDecision,
 )
 from disagg_operator.base import ApiModel, CrossFieldRule
 
@@ -606,7 +607,18 @@ class KvTransferSpec(ApiModel):
         "timeout never keeps blocks past it.",
     )
     recompute_threshold_tokens: Annotated[int, Field(ge=1, le=1_000_000)] = Field(
-        64, description="Prefill reads remote KV only when at least this many tokens are reusable."
+        64,
+        description="The floor of the read decision: prefill never reads back fewer reusable "
+        "tokens than this.",
+    )
+    read_decision: Annotated[ReadDecision, Field(strict=False)] = Field(
+        ReadDecision.MEASURED,
+        description="How prefill decides between reading decode's verified KV back (D->P) and "
+        "recomputing it. measured: read only when its running estimate of the read (a fixed "
+        "cost plus a per-token time, timed on its own reads) is below its estimate of computing "
+        "those tokens (timed on its own prefills); it reads while a side is still unmeasured, "
+        "and now and then to re-measure the link. threshold: read whenever at least "
+        "recomputeThresholdTokens are reusable (vLLM's rule).",
     )
     backend: Backend | None = Field(
         None, description="NIXL backend. Defaults to LIBFABRIC when EFA is enabled, else UCX."

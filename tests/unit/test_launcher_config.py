@@ -84,6 +84,8 @@ def test_wrong_kv_role_for_the_role() -> None:
         ({"enable_cross_layers_blocks": True}, "'enable_cross_layers_blocks' is not read"),
         ({"disagg_lease_term_s": "30"}, "disagg_lease_term_s must be a JSON int or float"),
         ({"disagg_lease_term_s": 0}, "disagg_lease_term_s must be > 0"),
+        ({"disagg_read_decision": 1}, "disagg_read_decision must be a JSON str"),
+        ({"disagg_read_decision": "auto"}, "'auto' is not one of measured, threshold"),
     ],
 )
 def test_bad_extra_values(extra: dict[str, Any], message: str) -> None:
@@ -98,9 +100,9 @@ def test_every_nixl_pull_key_is_accepted() -> None:
     assert check(tuned) == tuned
 
 
-def test_our_lease_term_is_accepted() -> None:
-    leased = config(disagg_lease_term_s=45.0)
-    assert check(leased) == leased
+def test_our_lease_term_and_read_decision_are_accepted() -> None:
+    ours = config(disagg_lease_term_s=45.0, disagg_read_decision="measured")
+    assert check(ours) == ours
 
 
 @pytest.mark.parametrize("bad", [[], "text", {"kv_role": "kv_producer"}])

@@ -80,10 +80,20 @@ def test_kv_transfer_config_per_role(bidirectional: bool) -> None:
         "kv_load_failure_policy": "recompute",
         "kv_connector_extra_config": extra,
     }
-    assert kv_config(patch, "prefill") == {**common, "kv_role": "kv_producer"}
+    prefill_extra = {**extra, "disagg_read_decision": "measured"} if bidirectional else extra
+    prefill = {**common, "kv_connector_extra_config": prefill_extra, "kv_role": "kv_producer"}
+    assert kv_config(patch, "prefill") == prefill
     decode_extra = {**extra, "disagg_lease_term_s": 45.0} if bidirectional else extra
     decode = {**common, "kv_connector_extra_config": decode_extra, "kv_role": "kv_consumer"}
     assert kv_config(patch, "decode") == decode
+
+
+@pytest.mark.parametrize("decision", ["measured", "threshold"])
+def test_prefill_reads_back_by_the_read_decision(decision: str) -> None:
+    patch = {"kvTransfer": {"readDecision": decision, "recomputeThresholdTokens": 16}}
+    extra = kv_config(patch, "prefill")["kv_connector_extra_config"]
+    assert (extra["disagg_read_decision"], extra["kv_recompute_threshold"]) == (decision, 16)
+    assert "disagg_read_decision" not in kv_config(patch, "decode")["kv_connector_extra_config"]
 
 
 @pytest.mark.parametrize(
@@ -130,6 +140,7 @@ def test_kv_transfer_settings_reach_both_roles() -> None:
         assert config["kv_load_failure_policy"] == "fail"
         extra = dict(config["kv_connector_extra_config"])
         extra.pop("disagg_lease_term_s", None)
+        extra.pop("disagg_read_decision", None)
         assert extra == {
             "bidirectional_kv_xfer": True,
             "decoder_kv_blocks_ttl": 900,

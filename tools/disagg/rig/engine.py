@@ -25,6 +25,7 @@ from disagg_contract import (
     EXTRA_BIDIRECTIONAL,
     EXTRA_DECODER_TTL,
     EXTRA_LEASE_TERM,
+    EXTRA_READ_DECISION,
     EXTRA_RECOMPUTE_THRESHOLD,
     IDLE_STEP_WAIT_ENV,
     KV_ROLE,
@@ -33,6 +34,7 @@ from disagg_contract import (
     OFFER_KEY_ENV,
     SIDE_CHANNEL_HOST_ENV,
     SIDE_CHANNEL_PORT_ENV,
+    ReadDecision,
     Role,
 )
 
@@ -67,6 +69,9 @@ class ServerSpec:
     hooks: bool = True
     lease_term_s: float | None = None
     """Decode's lease term (None: retentions live until read or the TTL, the fixed timer)."""
+    read_decision: ReadDecision = ReadDecision.THRESHOLD
+    """Prefill's read decision; the rig reads at every threshold's worth by default, so that
+    tests and benchmarks exercise the read itself."""
 
     @property
     def lease_port(self) -> int:
@@ -91,6 +96,8 @@ class ServerSpec:
             config["kv_connector_module_path"] = CONNECTOR_MODULE
         if self.lease_term_s is not None:
             config["kv_connector_extra_config"][EXTRA_LEASE_TERM] = self.lease_term_s
+        if self.role is Role.PREFILL and self.bidirectional and self.connector == CONNECTOR_CLASS:
+            config["kv_connector_extra_config"][EXTRA_READ_DECISION] = str(self.read_decision)
         return config
 
 
