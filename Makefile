@@ -1,6 +1,6 @@
 # disagg: every target sets up what it needs itself.
 #   make demo   - the main job on a local default
-#   make test   - lint + unit + cluster + engine tests
+#   make test   - lint + unit + cluster + engine tests + e2e tests on the real node
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
@@ -35,7 +35,7 @@ crds: venv
 test-unit: venv
 	$(BIN)/pytest tests/unit
 
-test: lint test-unit test-cluster test-engine
+test: lint test-unit test-cluster test-engine test-e2e
 
 ## ---- Cluster -----------------------------------------------------------------
 # A real control plane (kube-apiserver, controller-manager, scheduler, etcd) built from pinned
@@ -63,7 +63,8 @@ test-cluster: venv cluster-bin
 # with buildah (the serving image in its CPU flavor), rebuilt when inputs change; `bash
 # tests/cluster/node/images.sh import` loads them into the running node. test-e2e: tests on
 # real pods (tests/e2e) in a cluster of their own (DISAGG_CLUSTER_NAME, default e2e) with the
-# real node; it builds and loads the images itself.
+# real node; it builds and loads the images itself (part of `make test`: cold, the node's
+# binaries, the images and their import into the node; warm, stamps and tags skip them).
 .PHONY: node-bin images test-e2e
 node-bin:
 	bash tests/cluster/node/build-node.sh

