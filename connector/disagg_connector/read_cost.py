@@ -13,23 +13,27 @@ reports it done (tokens read, seconds). From recent samples it fits
 Reading ``n`` tokens pays when ``f + g*n`` is below the compute they replace, ``b*n +
 c*n*(start + n/2)``: the per-request cost is paid either way, since the suffix is computed
 after a read. Fits fall back to fewer terms while the samples cannot tell the terms apart,
-and a term fitted negative is dropped. Until both sides have samples the decision is to
-read, as vLLM does; while recomputing wins, every ``probe_every``-th decision reads anyway
-so that the read estimate follows the link.
+and a term fitted negative is dropped. Reads are fitted per decode engine, and pooled for an
+engine not yet measured. Until both sides have samples the decision is to read, as vLLM
+does; while recomputing wins, every ``probe_every``-th decision on a link reads anyway so
+that the read estimate follows the link.
 """
 
 from __future__ import annotations
 
 import enum
 import math
-from collections import deque
-from collections.abc import Sequence
+from collections import OrderedDict, deque
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 SAMPLE_WINDOW = 64
 """Samples kept per fit: recent enough to follow the engine and the link as they change."""
 PROBE_EVERY = 16
 """While recomputing wins, one decision in this many reads anyway to re-measure the read."""
+MAX_LINKS = 256
+"""Decode engines with read estimates of their own; the least recently used is forgotten (an
+engine restarted under a new id is a new link)."""
 
 
 class Choice(enum.StrEnum):
@@ -129,14 +133,42 @@ _COMPUTE_FALLBACKS: tuple[Fit, ...] = ((1, 1, 1), (1, 1, 0), (0, 1, 1), (0, 1, 0
 _READ_FALLBACKS: tuple[Fit, ...] = ((1, 1), (1, 0))
 
 
-class CostModel:
-    """Running estimates of prefill's compute and D->P read times; decides each read."""
+@dataclass
+class _Link:
+    """The reads from one decode engine: recent samples, their fit, recomputes since a read."""
 
-    def __init__(self, *, window: int = SAMPLE_WINDOW, probe_every: int = PROBE_EVERY) -> None:
+    samples: deque[tuple[int, float]]
+    fit: Fit | None = None
+    recomputes: int = 0
+
+
+def _fit_reads(samples: Iterable[tuple[int, float]]) -> Fit | None:
+    rows = list(samples)
+    return fit_nonnegative(
+        [(1.0, float(tokens)) for tokens, _ in rows], [s for _, s in rows], _READ_FALLBACKS
+    )
+
+
+class CostModel:
+    """Running estimates of prefill's compute and D->P read times; decides each read.
+
+    Reads are estimated per decode engine (links differ: another rack, zone or fabric), and
+    from all of them pooled for an engine with no sample of its own yet.
+    """
+
+    def __init__(
+        self,
+        *,
+        window: int = SAMPLE_WINDOW,
+        probe_every: int = PROBE_EVERY,
+        max_links: int = MAX_LINKS,
+    ) -> None:
+        self._window = window
         self._computes: deque[tuple[int, int, float]] = deque(maxlen=window)
         self._reads: deque[tuple[int, float]] = deque(maxlen=window)
+        self._links: OrderedDict[str, _Link] = OrderedDict()
+        self._max_links = max_links
         self._probe_every = probe_every
-        self._recomputes_since_read = 0
         self._compute_fit: Fit | None = None
         self._read_fit: Fit | None = None
 
@@ -150,21 +182,32 @@ class CostModel:
                 _COMPUTE_FALLBACKS,
             )
 
-    def record_read(self, tokens: int, seconds: float) -> None:
-        """One D->P read of ``tokens``, from its start to the step that reported it done."""
+    def record_read(self, tokens: int, seconds: float, engine: str) -> None:
+        """One D->P read of ``tokens`` from decode ``engine``, from its start to the step that
+        reported it done."""
         if tokens > 0 and seconds > 0:
             self._reads.append((tokens, seconds))
-            self._read_fit = fit_nonnegative(
-                [(1.0, float(t)) for t, _ in self._reads],
-                [seconds for _, seconds in self._reads],
-                _READ_FALLBACKS,
-            )
+            self._read_fit = _fit_reads(self._reads)
+            link = self._link(engine)
+            link.samples.append((tokens, seconds))
+            link.fit = _fit_reads(link.samples)
 
-    def read_seconds(self, tokens: int) -> float | None:
-        """Estimated time to read ``tokens`` from decode."""
-        if self._read_fit is None:
+    def _link(self, engine: str) -> _Link:
+        link = self._links.get(engine)
+        if link is None:
+            link = self._links[engine] = _Link(deque(maxlen=self._window))
+            if len(self._links) > self._max_links:
+                self._links.popitem(last=False)
+        self._links.move_to_end(engine)
+        return link
+
+    def read_seconds(self, tokens: int, engine: str | None = None) -> float | None:
+        """Estimated time to read ``tokens`` from decode ``engine`` (None: any engine)."""
+        link = self._links.get(engine) if engine is not None else None
+        fit = link.fit if link is not None and link.fit is not None else self._read_fit
+        if fit is None:
             return None
-        fixed, per_token = self._read_fit
+        fixed, per_token = fit
         return fixed + per_token * tokens
 
     def compute_seconds(self, tokens: int, start: int) -> float | None:
@@ -174,18 +217,20 @@ class CostModel:
         _, per_token, attention = self._compute_fit
         return per_token * tokens + attention * tokens * (start + tokens / 2)
 
-    def decide(self, tokens: int, start: int) -> Decision:
-        """Read ``tokens`` of decode's KV (after ``start`` local ones), or recompute them?"""
-        read_s, compute_s = self.read_seconds(tokens), self.compute_seconds(tokens, start)
+    def decide(self, tokens: int, start: int, engine: str) -> Decision:
+        """Read ``tokens`` of decode ``engine``'s KV (after ``start`` local ones), or recompute?"""
+        read_s = self.read_seconds(tokens, engine)
+        compute_s = self.compute_seconds(tokens, start)
+        link = self._link(engine)
         if read_s is None or compute_s is None:
             choice = Choice.UNMEASURED
         elif read_s < compute_s:
             choice = Choice.READ
-        elif self._recomputes_since_read + 1 >= self._probe_every:
+        elif link.recomputes + 1 >= self._probe_every:
             choice = Choice.PROBE
         else:
             choice = Choice.RECOMPUTE
-        self._recomputes_since_read = 0 if choice.reads else self._recomputes_since_read + 1
+        link.recomputes = 0 if choice.reads else link.recomputes + 1
         return Decision(choice, read_s, compute_s)
 
     def estimates(self) -> Estimates:

@@ -325,15 +325,18 @@ class DisaggConnectorScheduler(NixlPullConnectorScheduler):
             return True
         decision = self._decisions.get(request.request_id)
         if decision is None:
-            decision = self.costs.decide(count, num_computed_tokens)
+            params = request.kv_transfer_params or {}
+            engine = str(params.get("remote_engine_id"))
+            decision = self.costs.decide(count, num_computed_tokens, engine)
             self._decisions[request.request_id] = decision
             self.reuse_stats.record_decision(decision.choice)
             logger.info(
-                "Read decision for %s: %s %d tokens after %d (read %s, compute %s)",
+                "Read decision for %s: %s %d tokens after %d from engine %s (read %s, compute %s)",
                 request.request_id,
                 decision.choice.value,
                 count,
                 num_computed_tokens,
+                engine,
                 _seconds(decision.read_s),
                 _seconds(decision.compute_s),
             )
@@ -534,7 +537,7 @@ class DisaggConnectorScheduler(NixlPullConnectorScheduler):
             if engine not in self._engines_read:
                 self._engines_read.add(engine)
                 continue
-            self.costs.record_read(tokens, time.perf_counter() - at)
+            self.costs.record_read(tokens, time.perf_counter() - at, engine)
             self._record_estimates()
 
     def _record_estimates(self) -> None:

@@ -116,10 +116,14 @@ class EngineServer:
     """A ``--kv-transfer-config`` to run with instead of the spec's (e.g. an operator render)."""
     env: dict[str, str] = field(default_factory=dict)
     """More environment for the server (e.g. ``VLLM_API_KEY``, as the operator renders it)."""
+    host: str = "127.0.0.1"
+    """The address the server listens and publishes its side channel on."""
+    netns: str | None = None
+    """A network namespace (made by the caller) to run the server in."""
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.spec.port}"
+        return f"http://{self.host}:{self.spec.port}"
 
     @property
     def log_path(self) -> Path:
@@ -132,7 +136,7 @@ class EngineServer:
         vllm_args = [
             "--model", str(self.model_dir),
             "--served-model-name", self.served_name,
-            "--host", "127.0.0.1",
+            "--host", self.host,
             "--port", str(self.spec.port),
             "--dtype", "float32",
             "--enforce-eager",
@@ -144,7 +148,9 @@ class EngineServer:
         ]  # fmt: skip
         if self.spec.role == Role.PREFILL:
             vllm_args.append("--no-enable-prefix-caching")
+        inside = ["ip", "netns", "exec", self.netns] if self.netns else []
         return [
+            *inside,
             "taskset", "-c", str(self.spec.core),
             str(ENGINE_VENV / "bin" / "disagg"), "serve",
             "--role", self.spec.role, "--config", str(config_path), "--", *vllm_args,
@@ -155,7 +161,7 @@ class EngineServer:
         env.update(
             {
                 "VLLM_CPU_OMP_THREADS_BIND": str(self.spec.core),
-                SIDE_CHANNEL_HOST_ENV: "127.0.0.1",
+                SIDE_CHANNEL_HOST_ENV: self.host,
                 SIDE_CHANNEL_PORT_ENV: str(self.spec.side_channel_port),
                 LEASE_PORT_ENV: str(self.spec.lease_port),
                 OFFER_KEY_ENV: RIG_OFFER_KEY,
