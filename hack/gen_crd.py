@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from disagg_operator.base import ApiModel
+from disagg_operator.base import ApiModel, CrossFieldRule
 from disagg_operator.models import (
     GROUP,
     KIND,
@@ -84,6 +84,13 @@ def _models_by_name() -> dict[str, type[ApiModel]]:
     return found
 
 
+def _validations(rules: tuple[CrossFieldRule, ...]) -> list[Schema]:
+    """A model's cross-field rules as CEL `x-kubernetes-validations` blaming their field."""
+    return [
+        {"rule": rule.cel, "message": rule.message, "fieldPath": f".{rule.field}"} for rule in rules
+    ]
+
+
 class _Converter:
     """Converts one model's pydantic JSON schema (with its `$defs`) to a structural schema."""
 
@@ -96,10 +103,7 @@ class _Converter:
         model = self.models.get(name)
         rules = model.rules if model is not None else ()
         if rules:
-            out["x-kubernetes-validations"] = [
-                {"rule": rule.cel, "message": rule.message, "fieldPath": f".{rule.field}"}
-                for rule in rules
-            ]
+            out["x-kubernetes-validations"] = _validations(rules)
         return out
 
     def node(self, schema: Schema) -> Schema:
@@ -186,6 +190,7 @@ def _root_schema() -> Schema:
             "status": structural_schema(DisaggregatedModelStatus),
         },
         "required": ["spec"],
+        "x-kubernetes-validations": _validations(DisaggregatedModel.rules),
     }
 
 

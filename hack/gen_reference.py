@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from disagg_operator.models import DisaggregatedModelSpec
+from disagg_operator.models import DisaggregatedModel, DisaggregatedModelSpec
 from gen_crd import structural_schema
 
 README_PATH = Path(__file__).resolve().parents[1] / "README.md"
@@ -87,6 +87,7 @@ def reference_markdown() -> str:
         "",
         "Cross-field rules (checked by the models and, as CEL, by the API server):",
         "",
+        *(f"- `{rule.field}`: {rule.message}" for rule in DisaggregatedModel.rules),
         *_rules(schema, "spec"),
     ]
     return "\n".join(lines) + "\n"

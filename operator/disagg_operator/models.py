@@ -48,6 +48,16 @@ SHORT_NAME = "dmodel"
 # The longest child suffix is "-prefill"; a StatefulSet name also flows into the
 # `controller-revision-hash` label (`<name>-<10-char hash>`), which must fit 63 characters.
 MAX_NAME_LENGTH = 63 - len("-0123456789") - len("-prefill")
+# A multi-node role's LeaderWorkerSet makes one worker StatefulSet per group, named after the
+# group's leader pod (`<name>-prefill-<group index, up to 63>`), whose pods carry that name in
+# their `controller-revision-hash` label.
+MAX_MULTI_NODE_NAME_LENGTH = MAX_NAME_LENGTH - len("-63")
+MULTI_NODE_NAME_MESSAGE = (
+    f"must be at most {MAX_MULTI_NODE_NAME_LENGTH} characters when a role has "
+    "nodesPerReplica > 1: the worker pods of each LeaderWorkerSet group carry "
+    "`controller-revision-hash: <name>-prefill-<group>-<10-character hash>`, a label value of "
+    "at most 63 characters"
+)
 NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 
 MODEL_MOUNT_PATH = "/models"
@@ -401,12 +411,21 @@ def _explain_managed(args: list[str]) -> str:
 
 MAX_NODES_PER_REPLICA = 16
 """The most pods one vLLM server may span."""
+GROUP_TOPOLOGY_KEY = "topology.kubernetes.io/zone"
+"""Where the pods of one multi-node server stay together unless the role says otherwise."""
 _WORLD_CEL = (
     "((has(self.tensorParallelSize) ? self.tensorParallelSize : 1) * "
     "(has(self.pipelineParallelSize) ? self.pipelineParallelSize : 1))"
 )
 """One server's ranks in CEL (absent sizes are their default, 1)."""
 _MULTI_NODE_CEL = "(has(self.nodesPerReplica) && self.nodesPerReplica > 1)"
+PIPELINE_STAGES_MESSAGE = (
+    "must be 1: vLLM's NIXL pull connector (0.32, 0.33) reads a peer's KV from its first "
+    "pipeline stage only, and refuses a decode server with several; spread a server over "
+    "nodes with tensorParallelSize and nodesPerReplica instead"
+)
+"""Why a server has one pipeline stage: prefill's KV is read by decode, and (bidirectional)
+decode's by prefill, both through the pull worker's per-TP-rank agents."""
 
 
 def _gpus_fit_one_pod(m: RoleSpec) -> bool:
@@ -430,6 +449,12 @@ class RoleSpec(ApiModel):
     with nodesPerReplica > 1 one group of pods of a LeaderWorkerSet."""
 
     rules = (
+        CrossFieldRule(
+            field="pipelineParallelSize",
+            message=PIPELINE_STAGES_MESSAGE,
+            cel="!has(self.pipelineParallelSize) || self.pipelineParallelSize == 1",
+            check=lambda m: m.pipeline_parallel_size == 1,
+        ),
         CrossFieldRule(
             field="gpusPerPod",
             message="must be at least tensorParallelSize x pipelineParallelSize: one pod holds "
@@ -506,6 +531,14 @@ class RoleSpec(ApiModel):
         None,
         description="nvidia.com/gpu per pod. Defaults to tensorParallelSize x "
         "pipelineParallelSize / nodesPerReplica.",
+    )
+    group_topology_key: Annotated[str, StringConstraints(min_length=1, max_length=317)] = Field(
+        GROUP_TOPOLOGY_KEY,
+        description="With nodesPerReplica > 1: the node label whose value every pod of one "
+        "server shares (a required pod affinity within each LeaderWorkerSet group), e.g. a "
+        "label naming the nodes' EC2 cluster placement group or network spine "
+        "(topology.k8s.aws/network-node-layer-3 on EKS). Without a gang scheduler a leader "
+        "can land where its workers find no room; they then stay Pending.",
     )
     prefix_caching: bool = Field(
         True, description="vLLM automatic prefix caching (--[no-]enable-prefix-caching)."
@@ -778,6 +811,15 @@ def _conversation_ttl_ok(spec: DisaggregatedModelSpec) -> bool:
     return ttl is None or ttl < limit
 
 
+def _tp_sizes_divide(spec: DisaggregatedModelSpec) -> bool:
+    prefill, decode = spec.prefill.tensor_parallel_size, spec.decode.tensor_parallel_size
+    return prefill % decode == 0 or decode % prefill == 0
+
+
+def _tp_cel(role: str) -> str:
+    return f"(has(self.{role}.tensorParallelSize) ? self.{role}.tensorParallelSize : 1)"
+
+
 def _threshold_ok(spec: DisaggregatedModelSpec) -> bool:
     max_len = spec.model.max_model_len
     return (
@@ -807,6 +849,15 @@ class DisaggregatedModelSpec(ApiModel):
             cel="!has(self.kvTransfer.backend) || self.kvTransfer.backend != 'LIBFABRIC' || "
             "self.efa.enabled",
             check=lambda m: m.kv_transfer.backend != "LIBFABRIC" or m.efa.enabled,
+        ),
+        CrossFieldRule(
+            field="decode.tensorParallelSize",
+            message="must divide or be a multiple of spec.prefill.tensorParallelSize: vLLM's "
+            "NIXL connector maps each reading rank onto the peer's ranks by the ratio of the two "
+            "sizes, both ways when bidirectional (e.g. prefill 8 with decode 4, 8 or 16, not 12)",
+            cel=f"{_tp_cel('prefill')} % {_tp_cel('decode')} == 0 || "
+            f"{_tp_cel('decode')} % {_tp_cel('prefill')} == 0",
+            check=_tp_sizes_divide,
         ),
         CrossFieldRule(
             field="kvTransfer.recomputeThresholdTokens",
@@ -962,8 +1013,29 @@ class ObjectMeta(ApiModel):
     namespace: ObjectName = Field("default", description="Namespace.")
 
 
+def _multi_node_name_fits(m: DisaggregatedModel) -> bool:
+    multi_node = m.spec.prefill.multi_node or m.spec.decode.multi_node
+    return not multi_node or len(m.metadata.name) <= MAX_MULTI_NODE_NAME_LENGTH
+
+
+_ANY_MULTI_NODE_CEL = " || ".join(
+    f"(has(self.spec.{role}.nodesPerReplica) && self.spec.{role}.nodesPerReplica > 1)"
+    for role in ("prefill", "decode")
+)
+
+
 class DisaggregatedModel(ApiModel):
     """A DisaggregatedModel custom resource as stored by the API server."""
+
+    rules = (
+        CrossFieldRule(
+            field="metadata.name",
+            message=MULTI_NODE_NAME_MESSAGE,
+            cel=f"!({_ANY_MULTI_NODE_CEL}) || "
+            f"size(self.metadata.name) <= {MAX_MULTI_NODE_NAME_LENGTH}",
+            check=_multi_node_name_fits,
+        ),
+    )
 
     api_version: Literal["disagg.dev/v1alpha1"] = Field(description="API version.")
     kind: Literal["DisaggregatedModel"] = Field(description="Kind.")

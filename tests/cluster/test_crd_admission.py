@@ -21,7 +21,11 @@ import kube
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
 
 from disagg_operator.loading import load_resource, load_spec
-from disagg_operator.models import DisaggregatedModelStatus
+from disagg_operator.models import (
+    MAX_MULTI_NODE_NAME_LENGTH,
+    MULTI_NODE_NAME_MESSAGE,
+    DisaggregatedModelStatus,
+)
 from disagg_operator.render import render
 from dmodel_samples import (
     EXAMPLES,
@@ -90,6 +94,19 @@ def test_api_server_refuses_names_children_cannot_carry(
 ) -> None:
     code, out = _create(kubectl, crd_namespace, resource(minimal_spec(), name=name))
     assert code != 0 and "metadata.name" in out, out
+
+
+def test_api_server_refuses_a_multi_node_name_its_groups_labels_cannot_carry(
+    kubectl: kube.Kubectl, crd_namespace: str
+) -> None:
+    spec = spec_with({"prefill": {"tensorParallelSize": 16, "nodesPerReplica": 2}})
+    longest = "x" * MAX_MULTI_NODE_NAME_LENGTH
+    code, out = _create(kubectl, crd_namespace, resource(spec, name=longest + "x"))
+    assert code != 0 and f"metadata.name: Invalid value: {MULTI_NODE_NAME_MESSAGE}" in out, out
+    code, out = _create(kubectl, crd_namespace, resource(spec, name=longest))
+    assert code == 0, out
+    code, out = _create(kubectl, crd_namespace, resource(minimal_spec(), name=longest + "x"))
+    assert code == 0, out
 
 
 def test_cross_field_messages_are_the_models(kubectl: kube.Kubectl, crd_namespace: str) -> None:

@@ -12,7 +12,9 @@ import yaml
 
 from crd_admission import admission_errors, apply_defaults, cel_failures, root_schema
 from disagg_operator.base import ApiModel
-from disagg_operator.loading import load_spec
+from disagg_operator.errors import SpecError
+from disagg_operator.loading import load_resource, load_spec
+from disagg_operator.models import MAX_MULTI_NODE_NAME_LENGTH, MULTI_NODE_NAME_MESSAGE
 from dmodel_samples import (
     ADMITTED_MANAGED_SPELLINGS,
     EXAMPLES,
@@ -187,8 +189,11 @@ def test_cel_rule_refuses_what_the_model_validator_refuses(case: InvalidSpec) ->
         {"model": {"maxModelLen": 1024}, "kvTransfer": {"recomputeThresholdTokens": 1023}},
         {"model": {"maxModelLen": 64}, "kvTransfer": {"bidirectional": False}},
         {"decode": {"tensorParallelSize": 4, "gpusPerPod": 4}},
-        {"decode": {"tensorParallelSize": 4, "pipelineParallelSize": 2, "gpusPerPod": 8}},
-        {"prefill": {"tensorParallelSize": 8, "pipelineParallelSize": 2, "nodesPerReplica": 2}},
+        {"decode": {"tensorParallelSize": 4, "pipelineParallelSize": 1, "gpusPerPod": 8}},
+        {"prefill": {"tensorParallelSize": 8, "nodesPerReplica": 2}},
+        {"prefill": {"tensorParallelSize": 16}, "decode": {"tensorParallelSize": 4}},
+        {"prefill": {"tensorParallelSize": 2}, "decode": {"tensorParallelSize": 8}},
+        {"decode": {"tensorParallelSize": 16, "nodesPerReplica": 2, "groupTopologyKey": "pg"}},
         {"decode": {"tensorParallelSize": 16, "nodesPerReplica": 2, "gpusPerPod": 8}},
         {"decode": {"tensorParallelSize": 16, "nodesPerReplica": 2}, "efa": {"enabled": False}},
         {"prefill": {"extraArgs": ["--enforce-eager", "--portal=x"], "podLabels": {"team": "a"}}},
@@ -208,3 +213,16 @@ def test_crd_refuses_long_and_malformed_names() -> None:
     for name in ("x" * 45, "Upper"):
         errors = admission_errors(resource(minimal_spec(), name=name))
         assert [error.split(": ", 1)[0] for error in errors] == ["metadata.name"]
+
+
+@pytest.mark.parametrize("role", ["prefill", "decode"])
+def test_a_multi_node_model_name_leaves_room_for_its_groups_labels(role: str) -> None:
+    spec = spec_with({role: {"tensorParallelSize": 16, "nodesPerReplica": 2}})
+    longest = "x" * MAX_MULTI_NODE_NAME_LENGTH
+    assert admission_errors(resource(spec, name=longest)) == []
+    load_resource(resource(spec, name=longest))
+    assert admission_errors(resource(minimal_spec(), name=longest + "xxx")) == []
+    errors = admission_errors(resource(spec, name=longest + "x"))
+    assert errors == [f"metadata.name: {MULTI_NODE_NAME_MESSAGE}"]
+    with pytest.raises(SpecError, match=f"metadata.name: must be at most {len(longest)} "):
+        load_resource(resource(spec, name=longest + "x"))
