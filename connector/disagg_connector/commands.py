@@ -29,6 +29,11 @@ def _register_serve(subparsers: Any) -> None:
         help="the --kv-transfer-config JSON for this role (e.g. /etc/disagg/prefill.json)",
     )
     parser.add_argument(
+        "--engine-id",
+        help="the NIXL engine id of a multi-node server's group, set in the config (its "
+        "headless workers get the same one from the operator)",
+    )
+    parser.add_argument(
         "vllm_args", nargs=argparse.REMAINDER, help="-- then vLLM arguments [-- extra arguments]"
     )
     parser.set_defaults(func=_run_serve)
@@ -41,4 +46,4 @@ def _run_serve(args: argparse.Namespace) -> int:
     vllm_args = list(args.vllm_args)
     if vllm_args[:1] == ["--"]:
         vllm_args = vllm_args[1:]
-    return serve(Role(args.role), args.config, vllm_args)
+    return serve(Role(args.role), args.config, vllm_args, args.engine_id)

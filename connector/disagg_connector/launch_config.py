@@ -139,6 +139,21 @@ def _check_extra(extra: Mapping[str, Any], source: str) -> None:
             )
 
 
+def with_engine_id(config: Mapping[str, Any], engine_id: str) -> dict[str, Any]:
+    """``config`` with vLLM's ``engine_id`` set, refusing one the kubelet left unexpanded.
+
+    A multi-node server's leader gets its group's id on the command line, built from variables
+    the LeaderWorkerSet webhook injects; the kubelet leaves ``$(NAME)`` as is when a variable is
+    missing, and the workers would then not share a real group id.
+    """
+    if not engine_id or "$(" in engine_id:
+        raise LaunchConfigError(
+            f"--engine-id {engine_id!r} is not a group id: the pod's environment lacks a "
+            "variable it names (is the LeaderWorkerSet controller's pod webhook running?)"
+        )
+    return {**config, "engine_id": engine_id}
+
+
 def serving_env(environ: Mapping[str, str], config: Mapping[str, Any]) -> dict[str, str]:
     """The environment for vLLM: side channel and EFA defaults, never overriding the user's."""
     env = dict(environ)

@@ -15,7 +15,12 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from disagg_connector.launch_config import LaunchConfigError, check_config, serving_env
+from disagg_connector.launch_config import (
+    LaunchConfigError,
+    check_config,
+    serving_env,
+    with_engine_id,
+)
 from disagg_connector.vllm_facts import kv_transfer_config_keys, vllm_package_dir
 from disagg_connector.vllm_options import managed_option, server_parser
 from disagg_connector.vllm_version import installed_vllm_version
@@ -63,9 +68,10 @@ def vllm_command(vllm_args: Sequence[str], config: dict[str, object]) -> list[st
 
 
 def prepare(
-    role: Role, config_path: Path, vllm_args: Sequence[str]
+    role: Role, config_path: Path, vllm_args: Sequence[str], engine_id: str | None = None
 ) -> tuple[list[str], dict[str, str]]:
-    """Validate everything and return the command and environment to exec."""
+    """Validate everything and return the command and environment to exec (the config with
+    ``engine_id``, when given)."""
     version = installed_vllm_version()
     package_dir = vllm_package_dir()
     if version is None or package_dir is None:
@@ -83,6 +89,8 @@ def prepare(
         vllm_version=version,
         source=str(config_path),
     )
+    if engine_id is not None:
+        config = with_engine_id(config, engine_id)
     own_args, extra_args = split_vllm_args(vllm_args)
     if extra_args:
         try:
@@ -96,10 +104,12 @@ def prepare(
     return vllm_command([*own_args, *extra_args], config), serving_env(os.environ, config)
 
 
-def serve(role: Role, config_path: Path, vllm_args: Sequence[str]) -> int:
+def serve(
+    role: Role, config_path: Path, vllm_args: Sequence[str], engine_id: str | None = None
+) -> int:
     """Exec the vLLM server; return 2 with a message when the config cannot be served."""
     try:
-        command, env = prepare(role, config_path, vllm_args)
+        command, env = prepare(role, config_path, vllm_args, engine_id)
     except LaunchConfigError as exc:
         print(f"disagg serve: {exc}", file=sys.stderr)
         return 2

@@ -41,9 +41,12 @@ from disagg_operator.connector_config import (
     config_map_data,
     kv_transfer_config,
 )
+from disagg_operator.errors import SpecError
 from disagg_operator.models import (
     HASH_SEED_ENV,
+    MAX_MULTI_NODE_NAME_LENGTH,
     MODEL_MOUNT_PATH,
+    MULTI_NODE_NAME_MESSAGE,
     DisaggregatedModelSpec,
     NetworkPeer,
     RedisUrlSecret,
@@ -108,10 +111,27 @@ LWS_NAME_LABEL = "leaderworkerset.sigs.k8s.io/name"
 """On every pod of a LeaderWorkerSet (set by its controller): the LeaderWorkerSet's name."""
 LWS_WORKER_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"
 """On every pod of a LeaderWorkerSet group: 0 on the leader, 1.. on the workers."""
+LWS_GROUP_KEY_LABEL = "leaderworkerset.sigs.k8s.io/group-key"
+"""On every pod of a LeaderWorkerSet group: a hash naming the group, the same on each of its
+pods (the pod affinity that keeps a group together matches its own value of it)."""
 LWS_LEADER_ADDRESS = "$(LWS_LEADER_ADDRESS)"
 """The group leader's DNS name, which the LeaderWorkerSet webhook puts in every pod's env."""
 LWS_WORKER_INDEX = "$(LWS_WORKER_INDEX)"
 """The pod's index in its group (the leader's is 0), from the same webhook."""
+LWS_REVISION_LABEL = "leaderworkerset.sigs.k8s.io/template-revision-hash"
+"""On every pod of a LeaderWorkerSet group (set by its controller): the revision of the group's
+templates, the leader's on its workers too."""
+LWS_REVISION_ENV = "DISAGG_LWS_REVISION"
+"""The pod's group revision (its `LWS_REVISION_LABEL`) in its environment, for `GROUP_ENGINE_ID`."""
+GROUP_ENGINE_ID = f"{LWS_LEADER_ADDRESS}/$({LWS_REVISION_ENV})"
+"""The NIXL engine id of one multi-node server, the same on each of its ranks.
+
+vLLM's headless workers build their own config, with an engine id of their own unless one is
+given; a peer reading a rank whose id is not the leader's (the one the leader's scheduler puts
+in `remote_engine_id`) fails the handshake. The leader's address names the group (unique per
+group, role, model and namespace); the revision changes when the group is recreated for a new
+template, so peers handshake again instead of reusing the old ranks' agents.
+"""
 LWS_STARTUP_POLICY = "LeaderCreated"
 """Workers start with their leader: the leader is Ready only once every worker has joined."""
 LWS_RESTART_POLICY = "RecreateGroupOnPodRestart"
@@ -236,12 +256,14 @@ def _worker_command(
 ) -> list[str]:
     """A worker's command: vLLM's own server CLI in headless mode, with the role's arguments,
     its extraArgs and the role's connector config, as ``disagg serve`` gives the leader (every
-    rank runs the connector's worker side; the leader's launcher checks the extraArgs)."""
+    rank runs the connector's worker side, with the group's engine id; the leader's launcher
+    checks the extraArgs)."""
     own = _vllm_args(
         spec, role.model_copy(update={"extra_args": []}), _multi_node_args(role, False)
     )
-    config = json.dumps(kv_transfer_config(spec, Role(component)), separators=(",", ":"))
-    return ["vllm", "serve", *own, *role.extra_args, KV_TRANSFER_CONFIG_FLAG, config]
+    config = kv_transfer_config(spec, Role(component), engine_id=GROUP_ENGINE_ID)
+    config_arg = json.dumps(config, separators=(",", ":"))
+    return ["vllm", "serve", *own, *role.extra_args, KV_TRANSFER_CONFIG_FLAG, config_arg]
 
 
 def _serves_leases(spec: DisaggregatedModelSpec, component: Component) -> bool:
@@ -270,6 +292,9 @@ def _engine_env(
         injected.append({"name": FI_PROVIDER_ENV, "value": spec.efa.provider})
     if _serves_leases(spec, component):
         injected.append({"name": LEASE_PORT_ENV, "value": str(LEASE_PORT)})
+    if role.multi_node:
+        revision = {"fieldPath": f"metadata.labels['{LWS_REVISION_LABEL}']"}
+        injected.append({"name": LWS_REVISION_ENV, "valueFrom": {"fieldRef": revision}})
     user = [var.model_dump(exclude_none=True) for var in role.env]
     user_names = {var.name for var in role.env}
     return [var for var in injected if var["name"] not in user_names] + user
@@ -310,10 +335,11 @@ def _tolerations(spec: DisaggregatedModelSpec, role: RoleSpec) -> list[dict[str,
 def _affinity(name: str, component: Component, role: RoleSpec) -> dict[str, Any]:
     """The user's affinity, plus (unless it has podAffinity) prefill and decode in one zone,
     and for a multi-node role (unless it has podAntiAffinity) each of its pods on a node of
-    its own, so that a group spans nodesPerReplica nodes."""
+    its own, so that a group spans nodesPerReplica nodes, and always the pods of one group
+    on nodes sharing the role's `groupTopologyKey` value."""
     affinity = copy.deepcopy(role.affinity) if role.affinity is not None else {}
+    same_role = {"matchLabels": {LWS_NAME_LABEL: child_name(name, component)}}
     if role.multi_node and "podAntiAffinity" not in affinity:
-        same_role = {"matchLabels": {LWS_NAME_LABEL: child_name(name, component)}}
         affinity["podAntiAffinity"] = {
             "requiredDuringSchedulingIgnoredDuringExecution": [
                 {"labelSelector": same_role, "topologyKey": HOSTNAME_TOPOLOGY_KEY}
@@ -331,6 +357,16 @@ def _affinity(name: str, component: Component, role: RoleSpec) -> dict[str, Any]
                 {"labelSelector": same_model, "topologyKey": ZONE_TOPOLOGY_KEY}
             ]
         }
+    if role.multi_node:
+        together = {
+            "labelSelector": same_role,
+            "matchLabelKeys": [LWS_GROUP_KEY_LABEL],
+            "topologyKey": role.group_topology_key,
+        }
+        required = affinity["podAffinity"].setdefault(
+            "requiredDuringSchedulingIgnoredDuringExecution", []
+        )
+        required.append(together)
     return affinity
 
 
@@ -430,6 +466,8 @@ def _engine(
     nodesPerReplica > 1 a LeaderWorkerSet)."""
     role = spec.prefill if component is Component.PREFILL else spec.decode
     child = child_name(name, component)
+    if role.multi_node and len(name) > MAX_MULTI_NODE_NAME_LENGTH:
+        raise SpecError([f"metadata.name: {MULTI_NODE_NAME_MESSAGE}"])
     selector = selector_labels(name, component)
     service_selector = {**selector, LWS_WORKER_INDEX_LABEL: "0"} if role.multi_node else selector
     side_channel = {"name": "side-channel", "containerPort": spec.kv_transfer.side_channel_port}
@@ -464,6 +502,7 @@ def _engine(
         "affinity": _affinity(name, component, role),
     }
     multi_node = _multi_node_args(role, True) if role.multi_node else None
+    engine_id = ["--engine-id", GROUP_ENGINE_ID] if role.multi_node else []
     server = _render(
         "engine/pod.yaml.j2",
         **pod,
@@ -474,6 +513,7 @@ def _engine(
             str(component),
             "--config",
             config_file(Role(component)),
+            *engine_id,
             "--",
             *_vllm_args(spec, role, multi_node),
         ],

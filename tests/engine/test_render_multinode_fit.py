@@ -36,8 +36,20 @@ def test_multi_node_commands_fit_vllms_parser(tmp_path: Path, release: str) -> N
     report = _report(tmp_path, tree)
     if tree is not None:
         assert report["vllm"].startswith(release), report["vllm"]
-    assert report["groups"] >= 2, "the two-node example's prefill and decode groups"
+    assert len(report["engine_ids"]) >= 4, "two groups of the example's prefill and decode each"
     assert report["problems"] == []
+
+
+def test_every_rank_of_a_group_reads_one_engine_id_no_other_group_has(tmp_path: Path) -> None:
+    """vLLM's own parser, given the rendered leader (through `disagg serve`) and worker
+    commands, reads the same `kv_transfer_config.engine_id` on every rank of a group, and a
+    different one in each other group of the same or the other role."""
+    groups = _report(tmp_path, None)["engine_ids"]
+    for where, ids in groups.items():
+        assert ids[0] is not None and len(ids) >= 2, (where, ids)
+        assert set(ids) == {ids[0]}, f"{where}: the ranks disagree: {ids}"
+    leaders = [ids[0] for ids in groups.values()]
+    assert len(set(leaders)) == len(leaders), groups
 
 
 WORKER = ["--model", "m", "--tensor-parallel-size", "16", "--nnodes", "2", "--node-rank", "1",

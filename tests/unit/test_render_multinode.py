@@ -11,13 +11,23 @@ import json
 from collections.abc import Mapping
 from typing import Any, cast
 
+import pytest
+
+from disagg.cli import build_parser
+from disagg_connector.launch_config import LaunchConfigError, with_engine_id
 from disagg_contract import EXTRA_ARGS_MARKER, KV_TRANSFER_CONFIG_FLAG
 from disagg_operator.children import key
+from disagg_operator.errors import SpecError
 from disagg_operator.kubeapi import KubeApi
 from disagg_operator.loading import load_spec
+from disagg_operator.models import MAX_MULTI_NODE_NAME_LENGTH
 from disagg_operator.reconcile import Live, Reconciler
 from disagg_operator.render import (
+    GROUP_ENGINE_ID,
+    LWS_GROUP_KEY_LABEL,
     LWS_LEADER_ADDRESS,
+    LWS_REVISION_ENV,
+    LWS_REVISION_LABEL,
     LWS_WORKER_INDEX,
     LWS_WORKER_INDEX_LABEL,
     render,
@@ -86,8 +96,31 @@ def test_leader_runs_disagg_serve_as_rank_zero_and_workers_join_headless() -> No
     assert "--headless" in worker and _after(worker, "--node-rank") == LWS_WORKER_INDEX
     assert _after(worker, "--master-addr") == LWS_LEADER_ADDRESS
     assert "--enforce-eager" in worker
-    config = children[("ConfigMap", "big-connector")]["data"]["prefill.json"]
-    assert json.loads(_after(worker, KV_TRANSFER_CONFIG_FLAG)) == json.loads(config)
+    config = json.loads(children[("ConfigMap", "big-connector")]["data"]["prefill.json"])
+    worker_config = json.loads(_after(worker, KV_TRANSFER_CONFIG_FLAG))
+    assert worker_config == {**config, "engine_id": GROUP_ENGINE_ID}
+
+
+def test_every_rank_of_a_group_runs_with_the_groups_engine_id() -> None:
+    template = _group(_children({"prefill": TWO_NODES}), "prefill")["leaderWorkerTemplate"]
+    leader = _container(template["leaderTemplate"])
+    worker = _container(template["workerTemplate"])
+    serve = leader["command"][: leader["command"].index("--")]
+    worker_config = json.loads(_after(worker["command"], KV_TRANSFER_CONFIG_FLAG))
+    assert _after(serve, "--engine-id") == worker_config["engine_id"] == GROUP_ENGINE_ID
+    assert LWS_LEADER_ADDRESS in GROUP_ENGINE_ID and f"$({LWS_REVISION_ENV})" in GROUP_ENGINE_ID
+    label = {"fieldRef": {"fieldPath": f"metadata.labels['{LWS_REVISION_LABEL}']"}}
+    for container in (leader, worker):
+        assert {"name": LWS_REVISION_ENV, "valueFrom": label} in container["env"]
+
+
+def test_single_node_servers_keep_vllms_own_engine_id() -> None:
+    children = _children({"prefill": TWO_NODES})
+    (decode,) = children[("StatefulSet", "big-decode")]["spec"]["template"]["spec"]["containers"]
+    assert "--engine-id" not in decode["command"]
+    assert LWS_REVISION_ENV not in {var["name"] for var in decode["env"]}
+    assert all("engine_id" not in json.loads(text) for text in
+               children[("ConfigMap", "big-connector")]["data"].values())  # fmt: skip
 
 
 def test_every_pod_of_a_group_gets_its_share_of_gpus_efa_and_its_own_node() -> None:
@@ -104,8 +137,27 @@ def test_every_pod_of_a_group_gets_its_share_of_gpus_efa_and_its_own_node() -> N
         assert apart["labelSelector"]["matchLabels"] == {
             "leaderworkerset.sigs.k8s.io/name": "big-decode"
         }
-        assert "podAffinity" in pod["spec"]["affinity"], "prefill and decode stay in one zone"
+        zone, together = pod["spec"]["affinity"]["podAffinity"][
+            "requiredDuringSchedulingIgnoredDuringExecution"
+        ]
+        assert zone["topologyKey"] == "topology.kubernetes.io/zone", "prefill and decode"
+        assert together == {**apart, "matchLabelKeys": [LWS_GROUP_KEY_LABEL],
+                            "topologyKey": "topology.kubernetes.io/zone"}  # fmt: skip
         assert "--pipeline-parallel-size" not in _container(pod)["command"]
+
+
+def test_a_group_stays_on_nodes_sharing_its_topology_key_beside_the_users_affinity() -> None:
+    mine = {"podAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": []}}
+    role = {**TWO_NODES, "groupTopologyKey": "topology.k8s.aws/network-node-layer-3",
+            "affinity": mine}  # fmt: skip
+    template = _group(_children({"decode": role}), "decode")["leaderWorkerTemplate"]
+    for pod in (template["leaderTemplate"], template["workerTemplate"]):
+        affinity = pod["spec"]["affinity"]["podAffinity"]
+        assert affinity["preferredDuringSchedulingIgnoredDuringExecution"] == []
+        (together,) = affinity["requiredDuringSchedulingIgnoredDuringExecution"]
+        assert together["topologyKey"] == "topology.k8s.aws/network-node-layer-3"
+        assert together["matchLabelKeys"] == [LWS_GROUP_KEY_LABEL]
+    assert mine == {"podAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": []}}
 
 
 def test_workers_serve_no_api_and_carry_no_probe() -> None:
@@ -219,3 +271,26 @@ def test_a_workload_of_another_owner_is_never_deleted() -> None:
     asyncio.run(reconciler.reconcile(multi, Live(children={key(foreign): foreign})))
     assert not [w for w in api.writes if w[0] == "delete"]
     assert ("apply", "LeaderWorkerSet/m-decode") in api.writes
+
+
+def test_the_launcher_sets_the_leaders_engine_id_and_refuses_an_unexpanded_one() -> None:
+    template = _group(_children({"prefill": TWO_NODES}), "prefill")["leaderWorkerTemplate"]
+    command = _container(template["leaderTemplate"])["command"]
+    parsed = build_parser().parse_args(command[1:])
+    assert parsed.engine_id == GROUP_ENGINE_ID
+    group = "big-prefill-1.big-prefill-1.ml/5d8f7c9b4"
+    assert with_engine_id({"kv_role": "kv_producer"}, group) == {
+        "kv_role": "kv_producer",
+        "engine_id": group,
+    }
+    for unexpanded in (GROUP_ENGINE_ID, f"big-prefill-1.big-prefill-1.ml/$({LWS_REVISION_ENV})"):
+        with pytest.raises(LaunchConfigError, match="lacks a variable it names"):
+            with_engine_id({}, unexpanded)
+
+
+def test_the_operator_refuses_a_multi_node_name_its_groups_labels_cannot_carry() -> None:
+    spec = load_spec(spec_with({"decode": TWO_NODES}))
+    assert render("x" * MAX_MULTI_NODE_NAME_LENGTH, "ml", spec)
+    with pytest.raises(SpecError, match=r"metadata\.name: must be at most 41 characters"):
+        render("x" * (MAX_MULTI_NODE_NAME_LENGTH + 1), "ml", spec)
+    assert render("x" * (MAX_MULTI_NODE_NAME_LENGTH + 1), "ml", load_spec(spec_with({})))
