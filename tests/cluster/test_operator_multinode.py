@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 import kube
@@ -38,6 +39,22 @@ def _example(kubectl: kube.Kubectl, namespace: str) -> dict[str, Any]:
     example["metadata"]["namespace"] = namespace
     example_prerequisites(kubectl, namespace, example)
     return example
+
+
+Served = tuple[dict[str, Any], dict[str, Any]]
+
+
+@pytest.fixture
+def served(
+    kubectl: kube.Kubectl,
+    namespace: str,
+    start_operator: StartOperator,  # noqa: F811
+) -> Served:
+    """The two-node example applied with the operator running: it and the model once Ready."""
+    example = _example(kubectl, namespace)
+    start_operator()
+    kubectl.apply(example)
+    return example, wait_ready(kubectl, namespace, example["metadata"]["name"], timeout_s=240)
 
 
 def _group_pods(kubectl: kube.Kubectl, namespace: str, lws: str) -> list[dict[str, Any]]:
@@ -78,16 +95,10 @@ def _discovered(kubeconfig: Path, namespace: str, service: str) -> list[str]:
 
 
 def test_two_node_example_runs_as_leaderworkersets_on_distinct_p5en_nodes(
-    kubectl: kube.Kubectl,
-    kubeconfig: Path,
-    namespace: str,
-    start_operator: StartOperator,  # noqa: F811
+    kubectl: kube.Kubectl, kubeconfig: Path, namespace: str, served: Served
 ) -> None:
-    example = _example(kubectl, namespace)
+    example, model = served
     name = example["metadata"]["name"]
-    start_operator()
-    kubectl.apply(example)
-    model = wait_ready(kubectl, namespace, name, timeout_s=240)
     uid = model["metadata"]["uid"]
 
     live = children(kubectl, namespace, name)
@@ -129,15 +140,10 @@ def test_two_node_example_runs_as_leaderworkersets_on_distinct_p5en_nodes(
 
 
 def test_a_lost_worker_restarts_its_group_and_drift_is_repaired(
-    kubectl: kube.Kubectl,
-    namespace: str,
-    start_operator: StartOperator,  # noqa: F811
+    kubectl: kube.Kubectl, namespace: str, served: Served
 ) -> None:
-    example = _example(kubectl, namespace)
+    example, model = served
     name = example["metadata"]["name"]
-    start_operator()
-    kubectl.apply(example)
-    model = wait_ready(kubectl, namespace, name, timeout_s=240)
     ready_since = condition(model, "Ready")["lastTransitionTime"]
     lws = f"{name}-decode"
     leader, worker = _group_pods(kubectl, namespace, lws)
@@ -185,16 +191,11 @@ def test_a_lost_worker_restarts_its_group_and_drift_is_repaired(
 
 
 def test_switching_a_role_between_one_and_two_nodes_replaces_its_workload(
-    kubectl: kube.Kubectl,
-    namespace: str,
-    start_operator: StartOperator,  # noqa: F811
+    kubectl: kube.Kubectl, namespace: str, served: Served
 ) -> None:
-    example = _example(kubectl, namespace)
+    example, _ = served
     name = example["metadata"]["name"]
     decode = f"{name}-decode"
-    start_operator()
-    kubectl.apply(example)
-    wait_ready(kubectl, namespace, name, timeout_s=240)
 
     def patch_decode(nodes: int, tp: int) -> None:
         patch = {"spec": {"decode": {"nodesPerReplica": nodes, "tensorParallelSize": tp}}}
@@ -226,3 +227,70 @@ def test_switching_a_role_between_one_and_two_nodes_replaces_its_workload(
     reasons = {e["reason"] for e in kubectl.json("-n", namespace, "get", "events")["items"]}
     assert "Replaced" in reasons
     assert condition(model, "Degraded")["status"] == "False"
+
+
+PLACEMENT_KEY = "test.disagg.dev/placement-group"
+"""A node label standing in for an EC2 placement group (set on the fake p5en nodes here)."""
+
+
+def _label_nodes(kubectl: kube.Kubectl, values: dict[str, str | None]) -> None:
+    for node, value in values.items():
+        label = f"{PLACEMENT_KEY}-" if value is None else f"{PLACEMENT_KEY}={value}"
+        kubectl("label", "node", node, label, "--overwrite")
+
+
+def test_the_pods_of_a_group_stay_on_nodes_sharing_its_topology_key(
+    kubectl: kube.Kubectl,
+    namespace: str,
+    start_operator: StartOperator,  # noqa: F811
+) -> None:
+    """One prefill group of two pods (decode scaled to none) with `groupTopologyKey` on a
+    label of the fake nodes: while every node has a value of its own the worker cannot join
+    its leader and stays Pending; once one other node shares the leader's value the scheduler
+    puts the worker there, not on either node of the other value."""
+    p5en = kubectl.json("get", "nodes", "-l", "node.kubernetes.io/instance-type=p5en.48xlarge")
+    gpu_nodes = sorted(node["metadata"]["name"] for node in p5en["items"])
+    assert len(gpu_nodes) >= 4, gpu_nodes
+    example = _example(kubectl, namespace)
+    name = example["metadata"]["name"]
+    example["spec"]["prefill"]["groupTopologyKey"] = PLACEMENT_KEY
+    example["spec"]["decode"]["replicas"] = 0
+    lws = f"{name}-prefill"
+    _label_nodes(kubectl, {node: f"pg-{i}" for i, node in enumerate(gpu_nodes)})
+    try:
+        start_operator()
+        kubectl.apply(example)
+
+        def worker_unschedulable() -> dict[str, Any] | None:
+            pods = _group_pods(kubectl, namespace, lws)
+            if len(pods) != 2 or not pods[0]["spec"].get("nodeName"):
+                return None
+            scheduled = [c for c in pods[1].get("status", {}).get("conditions") or []
+                         if c["type"] == "PodScheduled"]  # fmt: skip
+            refused = scheduled and scheduled[0]["status"] == "False"
+            return pods[1] if refused and "affinity" in scheduled[0]["message"] else None
+
+        worker = kube.wait_for(worker_unschedulable, what="the worker refused by its affinity",
+                               timeout_s=120)  # fmt: skip
+        # The API server merged the group's own key into the worker's affinity term.
+        terms = worker["spec"]["affinity"]["podAffinity"][
+            "requiredDuringSchedulingIgnoredDuringExecution"
+        ]
+        (together,) = [t for t in terms if t["topologyKey"] == PLACEMENT_KEY]
+        group_key = worker["metadata"]["labels"]["leaderworkerset.sigs.k8s.io/group-key"]
+        assert {"key": "leaderworkerset.sigs.k8s.io/group-key", "operator": "In",
+                "values": [group_key]} in together["labelSelector"]["matchExpressions"]  # fmt: skip
+        home = _group_pods(kubectl, namespace, lws)[0]["spec"]["nodeName"]
+        others = [node for node in gpu_nodes if node != home]
+        partner = others[1]
+        _label_nodes(kubectl, {home: "pg-a", partner: "pg-a",
+                               **{node: "pg-b" for node in others if node != partner}})  # fmt: skip
+
+        def placed() -> str | None:
+            pods = _group_pods(kubectl, namespace, lws)
+            return pods[1]["spec"].get("nodeName") if len(pods) == 2 else None
+
+        assert kube.wait_for(placed, what="the worker scheduled", timeout_s=120) == partner
+        wait_ready(kubectl, namespace, name, timeout_s=120)
+    finally:
+        _label_nodes(kubectl, dict.fromkeys(gpu_nodes))
