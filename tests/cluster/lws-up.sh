@@ -65,22 +65,20 @@ YAML
         echo "  objectSelector: {matchExpressions: [{key: leaderworkerset.sigs.k8s.io/name, operator: Exists}]}"
     fi
 }
+webhooks() { # webhooks KIND NAME VERB POD-OPERATIONS: the controller's LeaderWorkerSet and pod hooks
+    local prefix=${3:0:1}
+    echo "apiVersion: admissionregistration.k8s.io/v1"
+    echo "kind: $1"
+    echo "metadata: {name: $2}"
+    echo "webhooks:"
+    hook "${prefix}leaderworkerset.kb.io" "/$3-leaderworkerset-x-k8s-io-v1-leaderworkerset" \
+        leaderworkersets leaderworkerset.x-k8s.io "CREATE, UPDATE"
+    hook "${prefix}pod.kb.io" "/$3--v1-pod" pods "" "$4" pods
+}
 {
-    echo "apiVersion: admissionregistration.k8s.io/v1"
-    echo "kind: MutatingWebhookConfiguration"
-    echo "metadata: {name: disagg-lws-mutating}"
-    echo "webhooks:"
-    hook mleaderworkerset.kb.io /mutate-leaderworkerset-x-k8s-io-v1-leaderworkerset \
-        leaderworkersets leaderworkerset.x-k8s.io "CREATE, UPDATE"
-    hook mpod.kb.io /mutate--v1-pod pods "" CREATE pods
+    webhooks MutatingWebhookConfiguration disagg-lws-mutating mutate CREATE
     echo "---"
-    echo "apiVersion: admissionregistration.k8s.io/v1"
-    echo "kind: ValidatingWebhookConfiguration"
-    echo "metadata: {name: disagg-lws-validating}"
-    echo "webhooks:"
-    hook vleaderworkerset.kb.io /validate-leaderworkerset-x-k8s-io-v1-leaderworkerset \
-        leaderworkersets leaderworkerset.x-k8s.io "CREATE, UPDATE"
-    hook vpod.kb.io /validate--v1-pod pods "" "CREATE, UPDATE" pods
+    webhooks ValidatingWebhookConfiguration disagg-lws-validating validate "CREATE, UPDATE"
 } >"$LWS_STATE/webhooks.yaml"
 
 # The controller outlives this script (cluster-down.sh stops it): no inherited locks.
