@@ -20,6 +20,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -67,6 +68,27 @@ def second_prompt(first: TurnResult, first_prompt: list[int], addition: list[int
     return first_prompt + first.token_ids + addition
 
 
+@dataclass
+class FirstTurn:
+    """A conversation's first turn through a driver and with bidirectional off: decode's offer,
+    and the prompt of the second turn."""
+
+    conversation: Conversation
+    off_conversation: Conversation
+    offer: dict[str, Any]
+    history: list[int]
+
+
+def first_turn(driver: PDDriver, off: PDDriver, seed: int) -> FirstTurn:
+    first, addition = prompts(seed, 250)
+    conversation, off_conversation = Conversation(), Conversation()
+    turn = driver.token_turn(conversation, first, ANSWER_TOKENS)
+    off.token_turn(off_conversation, first, ANSWER_TOKENS)
+    assert turn.decode_params is not None
+    history = second_prompt(turn, first, addition)
+    return FirstTurn(conversation, off_conversation, turn.decode_params, history)
+
+
 def release(decode: EngineServer, offer: dict[str, Any]) -> None:
     """What the router sends decode when it drops the conversation's entry."""
     lease = {"request": offer["remote_request_id"], "offer": offer[OFFER_KEY]["id"]}
@@ -102,17 +124,12 @@ def wait_refused(prefill: EngineServer, request_id: str, *reasons: str) -> None:
 
 
 def test_release_between_the_offer_and_the_read_is_a_recompute(rig: Rig) -> None:
-    first, addition = prompts(300, 250)
     driver, off = rig.on.driver(), rig.off.driver()
-    conversation, off_conversation = Conversation(), Conversation()
-    turn = driver.token_turn(conversation, first, ANSWER_TOKENS)
-    off.token_turn(off_conversation, first, ANSWER_TOKENS)
-    assert turn.decode_params is not None
-    release(rig.on.decode, turn.decode_params)
-    history = second_prompt(turn, first, addition)
-    second = driver.token_turn(conversation, history, ANSWER_TOKENS)
-    off.token_turn(off_conversation, history, ANSWER_TOKENS)
-    assert_same_answers(conversation.turns, off_conversation.turns)
+    start = first_turn(driver, off, 300)
+    release(rig.on.decode, start.offer)
+    second = driver.token_turn(start.conversation, start.history, ANSWER_TOKENS)
+    off.token_turn(start.off_conversation, start.history, ANSWER_TOKENS)
+    assert_same_answers(start.conversation.turns, start.off_conversation.turns)
     # Decode frees a released retention at once: the claim finds it gone (or released).
     wait_refused(rig.on.prefill, second.request_id, "unknown", "released")
     assert reuse_record(rig.on.prefill, second.request_id).read == 0
@@ -121,14 +138,10 @@ def test_release_between_the_offer_and_the_read_is_a_recompute(rig: Rig) -> None
 def test_release_while_prefill_retries_its_allocation_is_a_recompute(
     rig: Rig, replica: EngineServer
 ) -> None:
-    first, addition = prompts(320, 250)
     driver = PDDriver(replica.url, rig.on.decode.url)
     off = rig.off.driver()
-    conversation, off_conversation = Conversation(), Conversation()
-    turn = driver.token_turn(conversation, first, ANSWER_TOKENS)
-    off.token_turn(off_conversation, first, ANSWER_TOKENS)
-    assert turn.decode_params is not None
-    history = second_prompt(turn, first, addition)
+    start = first_turn(driver, off, 320)
+    conversation, history = start.conversation, start.history
     offers_before = replica.log_text().count("D->P offer for")
     granted_before = claims(rig.on.decode, "granted")
     refused_before = claims(rig.on.decode, "released")
@@ -146,12 +159,12 @@ def test_release_while_prefill_retries_its_allocation_is_a_recompute(
             30,
             "the second turn never reached prefill's scheduler",
         )
-        release(rig.on.decode, turn.decode_params)
+        release(rig.on.decode, start.offer)
         assert blocker.running(), "the blocking request ended before the release"
     second.join(timeout=120)
     assert results, "the second turn did not finish"
-    off.token_turn(off_conversation, history, ANSWER_TOKENS)
-    assert_same_answers(conversation.turns, off_conversation.turns)
+    off.token_turn(start.off_conversation, history, ANSWER_TOKENS)
+    assert_same_answers(conversation.turns, start.off_conversation.turns)
     # Decode granted the first attempt and refused a later one: the retry saw the release.
     wait_for(
         lambda: (
@@ -200,14 +213,14 @@ class Blocker:
 def test_an_offer_replayed_to_another_prefill_replica_is_read_once(
     rig: Rig, replica: EngineServer
 ) -> None:
-    first, addition = prompts(340, 250)
     driver, off = rig.on.driver(), rig.off.driver()
-    conversation, off_conversation = Conversation(), Conversation()
-    turn = driver.token_turn(conversation, first, ANSWER_TOKENS)
-    off.token_turn(off_conversation, first, ANSWER_TOKENS)
-    assert turn.decode_params is not None
-    offer = dict(turn.decode_params)
-    history = second_prompt(turn, first, addition)
+    start = first_turn(driver, off, 340)
+    conversation, off_conversation, history = (
+        start.conversation,
+        start.off_conversation,
+        start.history,
+    )
+    offer = dict(start.offer)
 
     # The replica reads first: it is the one reader decode grants.
     thief = PDDriver(replica.url, rig.on.decode.url)
