@@ -54,11 +54,16 @@ from disagg.bench.lease_report import (
 )
 from disagg.bench.plots import save, slug
 from disagg.bench.progress import Progress
-from disagg.bench.runner import Calibration, Sweep, _messages, calibrate, plan_sweep
+from disagg.bench.runner import Calibration, Sweep, calibrate, chat_messages, plan_sweep
 from disagg.bench.workload import TurnPlan, plan_turns, user_text
-from disagg.rig.bench_model import DESCRIPTION, MODEL_NAME, bench_pair, ensure_bench_model
-from disagg.rig.engine import CACHE, EngineServer, start_all
-from disagg.rig.router import RouterProcess
+from disagg.rig.bench_model import (
+    DESCRIPTION,
+    MODEL_NAME,
+    bench_pair,
+    ensure_bench_model,
+    serving,
+)
+from disagg.rig.engine import CACHE, EngineServer
 from disagg_contract import REUSE_SUMMARY_PATH, Role, lease_term_s, renewal_period_s
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -192,25 +197,9 @@ def leg_servers(config: LegConfig, log_dir: Path) -> list[EngineServer]:
 def deployment(config: LegConfig, log_dir: Path) -> Iterator[tuple[list[EngineServer], str]]:
     """Start the leg's pair and a router with its idle timeout; yield them; stop everything."""
     pair = leg_servers(config, log_dir)
-    started = time.monotonic()
-    start_all(pair)
-    print(f"{config.name}: servers healthy in {time.monotonic() - started:.0f} s", file=sys.stderr)
-    try:
-        router = RouterProcess.start(
-            f"leases-{config.name}-router",
-            [pair[0].url],
-            [pair[1].url],
-            log_dir,
-            "--idle-timeout-s",
-            f"{config.idle_timeout_s:g}",
-        )
-        try:
-            yield pair, router.url
-        finally:
-            router.stop()
-    finally:
-        for server in pair:
-            server.stop()
+    idle = ("--idle-timeout-s", f"{config.idle_timeout_s:g}")
+    with serving(pair, f"leases-{config.name}", log_dir, *idle) as router:
+        yield pair, router.url
 
 
 class MemorySampler:
@@ -360,7 +349,10 @@ def take_turns(
         before, decode_before = probe.snapshot(), decode_metrics(http, decode_url)
         started = time.monotonic() - origin
         reply = client.turn(
-            MODEL_NAME, _messages(system, history, text), workload.answer_tokens, conversation_id
+            MODEL_NAME,
+            chat_messages(system, history, text),
+            workload.answer_tokens,
+            conversation_id,
         )
         deltas = probe.deltas(before, probe.settle(before))
         decode_after = decode_metrics(http, decode_url)

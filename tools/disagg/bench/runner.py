@@ -69,8 +69,8 @@ def calibrate(client: ChatClient, model: str, sweep: Sweep) -> Calibration:
 
     They also warm the servers up before anything is measured.
     """
-    short = _messages(sweep.system_prompt, [], user_text(sweep.seed + "-probe", 1))
-    long = _messages(sweep.system_prompt, [], user_text(sweep.seed + "-probe", _PROBE_WORDS))
+    short = chat_messages(sweep.system_prompt, [], user_text(sweep.seed + "-probe", 1))
+    long = chat_messages(sweep.system_prompt, [], user_text(sweep.seed + "-probe", _PROBE_WORDS))
     base = client.turn(model, short, 1, None).prompt_tokens
     full = client.turn(model, long, 1, None).prompt_tokens
     if full <= base:
@@ -78,7 +78,9 @@ def calibrate(client: ChatClient, model: str, sweep: Sweep) -> Calibration:
     return Calibration(base, (full - base) / (_PROBE_WORDS - 1))
 
 
-def _messages(system: str, history: list[tuple[str, str]], new_user: str) -> list[dict[str, str]]:
+def chat_messages(
+    system: str, history: list[tuple[str, str]], new_user: str
+) -> list[dict[str, str]]:
     messages = [{"role": "system", "content": system}]
     for user, assistant in history:
         messages += [{"role": "user", "content": user}, {"role": "assistant", "content": assistant}]
@@ -111,7 +113,7 @@ def leg_turns(
             history: list[tuple[str, str]] = []
             for plan in plans:
                 text = user_text(f"{sweep.seed}-{index}-{plan.turn}", plan.new_words)
-                messages = _messages(system, history, text)
+                messages = chat_messages(system, history, text)
                 before = probe.snapshot()
                 conversation_id = conversation if target.send_conversation_id else None
                 reply = client.turn(model, messages, sweep.answer_tokens, conversation_id)

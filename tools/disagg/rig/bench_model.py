@@ -70,13 +70,18 @@ def bench_pair(
 
 
 @contextmanager
-def serving(pair: list[EngineServer], name: str, log_dir: Path) -> Iterator[RouterProcess]:
-    """Start the pair and a router in front of it; yield the router; stop everything."""
+def serving(
+    pair: list[EngineServer], name: str, log_dir: Path, *router_args: str
+) -> Iterator[RouterProcess]:
+    """Start the pair and a router (with ``router_args``) in front of it; yield the router;
+    stop everything."""
     started = time.monotonic()
     start_all(pair)
     print(f"{name}: servers healthy in {time.monotonic() - started:.0f} s", file=sys.stderr)
     try:
-        router = RouterProcess.start(f"{name}-router", [pair[0].url], [pair[1].url], log_dir)
+        router = RouterProcess.start(
+            f"{name}-router", [pair[0].url], [pair[1].url], log_dir, *router_args
+        )
         try:
             yield router
         finally:
