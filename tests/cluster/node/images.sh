@@ -175,8 +175,14 @@ cmd_build() {
     printf '%s\n' "${built[@]}" >"$IMAGE_STATE/images.env"
 }
 
+# ctr without containerd's cgroup v1 deprecation warning on every call (this machine's cgroups).
+node_ctr() {
+    "$NODE_BIN/ctr" --address "$NODE_RUN/containerd.sock" -n k8s.io "$@" \
+        2> >(grep -v 'DEPRECATION: The support for cgroup v1' >&2)
+}
+
 cmd_import() {
-    local ctr=("$NODE_BIN/ctr" --address "$NODE_RUN/containerd.sock" -n k8s.io) tag start
+    local ctr=(node_ctr) tag start
     local archive="$IMAGE_STATE/import.tar"
     local tags=("$(pause_tag)") present other
     if [[ "${1:-}" != pause ]]; then
