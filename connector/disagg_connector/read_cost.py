@@ -13,10 +13,10 @@ reports it done (tokens read, seconds). From recent samples it fits
 Reading ``n`` tokens pays when ``f + g*n`` is below the compute they replace, ``b*n +
 c*n*(start + n/2)``: the per-request cost is paid either way, since the suffix is computed
 after a read. Fits fall back to fewer terms while the samples cannot tell the terms apart,
-and a term fitted negative is dropped. Reads are fitted per decode engine, and pooled for an
-engine not yet measured. Until both sides have samples the decision is to read, as vLLM
-does; while recomputing wins, every ``probe_every``-th decision on a link reads anyway so
-that the read estimate follows the link.
+and a term fitted negative is dropped. Reads are fitted per decode engine (its first read,
+NIXL's handshake, left out), and pooled for an engine not yet measured. Until both sides have
+samples the decision is to read, as vLLM does; while recomputing wins, every
+``probe_every``-th decision on a link reads anyway so that the read estimate follows the link.
 """
 
 from __future__ import annotations
@@ -135,11 +135,13 @@ _READ_FALLBACKS: tuple[Fit, ...] = ((1, 1), (1, 0))
 
 @dataclass
 class _Link:
-    """The reads from one decode engine: recent samples, their fit, recomputes since a read."""
+    """The reads from one decode engine: recent samples, their fit, recomputes since a read,
+    and whether its first read (which includes NIXL's handshake) was seen."""
 
     samples: deque[tuple[int, float]]
     fit: Fit | None = None
     recomputes: int = 0
+    handshaken: bool = False
 
 
 def _fit_reads(samples: Iterable[tuple[int, float]]) -> Fit | None:
@@ -184,11 +186,14 @@ class CostModel:
 
     def record_read(self, tokens: int, seconds: float, engine: str) -> None:
         """One D->P read of ``tokens`` from decode ``engine``, from its start to the step that
-        reported it done."""
-        if tokens > 0 and seconds > 0:
+        reported it done. A link's first read is no sample: it includes NIXL's handshake, a
+        one-time cost."""
+        link = self._link(engine)
+        if not link.handshaken:
+            link.handshaken = True
+        elif tokens > 0 and seconds > 0:
             self._reads.append((tokens, seconds))
             self._read_fit = _fit_reads(self._reads)
-            link = self._link(engine)
             link.samples.append((tokens, seconds))
             link.fit = _fit_reads(link.samples)
 

@@ -177,9 +177,6 @@ class DisaggConnectorScheduler(NixlPullConnectorScheduler):
         self._reading: dict[str, tuple[float, int, str]] = {}
         """Prefill, per D->P read in flight: when it started, the tokens it reads and from which
         decode engine."""
-        self._engines_read: set[str] = set()
-        """Decode engines this prefill has read from: a first read includes NIXL's handshake,
-        a one-time cost, and is not a sample of the read's cost."""
 
     def _start_lease_service(self, vllm_config: VllmConfig) -> None:
         """Decode: hold retentions as leases and serve them on the lease port."""
@@ -534,9 +531,6 @@ class DisaggConnectorScheduler(NixlPullConnectorScheduler):
             if started is None:
                 continue
             at, tokens, engine = started
-            if engine not in self._engines_read:
-                self._engines_read.add(engine)
-                continue
             self.costs.record_read(tokens, time.perf_counter() - at, engine)
             self._record_estimates()
 

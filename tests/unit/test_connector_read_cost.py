@@ -20,10 +20,17 @@ def compute_s(tokens: int, start: int) -> float:
     return PER_REQUEST_S + PER_TOKEN_S * tokens + ATTENTION_S * tokens * (start + tokens / 2)
 
 
+def handshaken(model: CostModel, *links: str) -> CostModel:
+    """``model`` after a first read from each of ``links``: the handshakes, no samples."""
+    for link in links or (LINK,):
+        model.record_read(4096, 60.0, link)
+    return model
+
+
 def measured_model(noise: float = 0.0, seed: int = 7) -> CostModel:
     """A model fed prefills at several lengths and contexts, and reads of several sizes."""
     rng = random.Random(seed)
-    model = CostModel()
+    model = handshaken(CostModel())
     for tokens in (128, 512, 900, 1600, 2400):
         for start in (0, 1000, 3000):
             model.record_compute(
@@ -64,7 +71,7 @@ def test_the_break_even_point_lies_where_the_two_estimates_cross() -> None:
 
 
 def test_a_slow_link_makes_even_long_prefixes_recompute() -> None:
-    model = CostModel()
+    model = handshaken(CostModel())
     for tokens in (128, 900, 2400):
         model.record_compute(tokens, 0, compute_s(tokens, 0))
     for tokens in (512, 2048, 8192):
@@ -74,7 +81,7 @@ def test_a_slow_link_makes_even_long_prefixes_recompute() -> None:
 
 
 def test_before_both_sides_are_measured_it_reads() -> None:
-    model = CostModel()
+    model = handshaken(CostModel())
     assert model.decide(16, 0, LINK).choice is Choice.UNMEASURED
     model.record_compute(600, 0, 0.1)
     assert model.decide(16, 0, LINK).choice is Choice.UNMEASURED
@@ -84,7 +91,7 @@ def test_before_both_sides_are_measured_it_reads() -> None:
 
 
 def test_one_read_size_is_taken_as_a_fixed_cost() -> None:
-    model = CostModel()
+    model = handshaken(CostModel())
     for _ in range(3):
         model.record_compute(600, 0, 0.06)
         model.record_read(600, 0.01, LINK)
@@ -96,7 +103,7 @@ def test_one_read_size_is_taken_as_a_fixed_cost() -> None:
 
 
 def test_while_recomputing_wins_it_reads_now_and_then_to_re_measure() -> None:
-    model = CostModel(probe_every=4)
+    model = handshaken(CostModel(probe_every=4))
     model.record_compute(600, 0, 0.06)
     model.record_read(600, 0.05, LINK)
     choices = [model.decide(16, 0, LINK).choice for _ in range(8)]
@@ -108,7 +115,7 @@ def test_while_recomputing_wins_it_reads_now_and_then_to_re_measure() -> None:
 
 
 def test_the_window_follows_a_link_that_got_slower() -> None:
-    model = CostModel(window=8)
+    model = handshaken(CostModel(window=8))
     model.record_compute(1000, 0, 0.2)
     for tokens in (256, 1024):
         model.record_read(tokens, 0.001 + 1e-6 * tokens, LINK)
@@ -120,7 +127,7 @@ def test_the_window_follows_a_link_that_got_slower() -> None:
 
 
 def test_samples_that_measure_nothing_are_ignored() -> None:
-    model = CostModel()
+    model = handshaken(CostModel())
     model.record_compute(0, 0, 1.0)
     model.record_compute(100, 0, 0.0)
     model.record_read(0, 1.0, LINK)
@@ -137,7 +144,7 @@ def test_a_fit_with_a_negative_term_falls_back_to_fewer_terms() -> None:
 
 
 def test_each_decode_engine_is_its_own_link_and_a_new_one_starts_from_the_pool() -> None:
-    model = CostModel()
+    model = handshaken(CostModel())
     for tokens in (128, 900, 2400):
         model.record_compute(tokens, 0, compute_s(tokens, 0))
     for tokens in (256, 1024, 4096):
@@ -150,12 +157,23 @@ def test_each_decode_engine_is_its_own_link_and_a_new_one_starts_from_the_pool()
 
 
 def test_links_beyond_the_limit_forget_the_least_recently_used() -> None:
-    model = CostModel(max_links=2)
+    model = handshaken(CostModel(max_links=2), "a", "b")
     model.record_compute(1000, 0, 0.2)
     model.record_read(500, 5.0, "a")
     model.record_read(500, 0.001, "b")
-    model.record_read(500, 0.001, "c")
-    # "a" is forgotten: it falls back to the pool, where its slow read is still one sample.
-    pooled = model.read_seconds(500)
-    assert model.read_seconds(500, "a") == pytest.approx(pooled)
-    assert model.read_seconds(500, "c") == pytest.approx(0.001)
+    assert model.read_seconds(500, "a") == pytest.approx(5.0)
+    handshaken(model, "c")
+    # "a", the least recently used, is forgotten: it falls back to the pool of all reads.
+    assert model.read_seconds(500, "a") == pytest.approx(model.read_seconds(500))
+    assert model.read_seconds(500) == pytest.approx(2.5005)
+    assert model.read_seconds(500, "b") == pytest.approx(0.001)
+
+
+def test_a_links_first_read_is_the_handshake_and_no_sample() -> None:
+    model = CostModel()
+    model.record_compute(1000, 0, 0.2)
+    model.record_read(500, 30.0, LINK)
+    assert model.read_seconds(500, LINK) is None
+    assert model.decide(500, 0, LINK).choice is Choice.UNMEASURED
+    model.record_read(500, 0.01, LINK)
+    assert model.read_seconds(500, LINK) == pytest.approx(0.01)
