@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from disagg_connector.launcher import GroupRank
 
 
 def register(subparsers: Any) -> None:
@@ -28,15 +31,36 @@ def _register_serve(subparsers: Any) -> None:
         type=Path,
         help="the --kv-transfer-config JSON for this role (e.g. /etc/disagg/prefill.json)",
     )
-    parser.add_argument(
-        "--engine-id",
-        help="the NIXL engine id of a multi-node server's group, set in the config (its "
-        "headless workers get the same one from the operator)",
+    group = parser.add_argument_group(
+        "multi-node servers",
+        "every rank of a group gets the NIXL engine id <leader address>/<revision>/<leader "
+        "pod IPs>, the leader's address resolved by the cluster's DNS",
+    )
+    group.add_argument("--leader-address", help="the group leader's DNS name")
+    group.add_argument("--group-revision", help="the group's template revision")
+    group.add_argument(
+        "--headless-worker",
+        action="store_true",
+        help="run a worker rank (vllm serve --headless) instead of the leader's API server",
     )
     parser.add_argument(
         "vllm_args", nargs=argparse.REMAINDER, help="-- then vLLM arguments [-- extra arguments]"
     )
     parser.set_defaults(func=_run_serve)
+
+
+def group_rank(args: argparse.Namespace) -> GroupRank | None:
+    """The multi-node rank the arguments name, or None for a single-pod server."""
+    from disagg_connector.launcher import GroupRank
+
+    given = (args.leader_address, args.group_revision)
+    if given == (None, None) and not args.headless_worker:
+        return None
+    if None in given:
+        raise SystemExit(
+            "disagg serve: a multi-node rank needs both --leader-address and --group-revision"
+        )
+    return GroupRank(args.leader_address, args.group_revision, args.headless_worker)
 
 
 def _run_serve(args: argparse.Namespace) -> int:
@@ -46,4 +70,4 @@ def _run_serve(args: argparse.Namespace) -> int:
     vllm_args = list(args.vllm_args)
     if vllm_args[:1] == ["--"]:
         vllm_args = vllm_args[1:]
-    return serve(Role(args.role), args.config, vllm_args, args.engine_id)
+    return serve(Role(args.role), args.config, vllm_args, group_rank(args))

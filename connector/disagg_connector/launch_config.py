@@ -7,7 +7,7 @@ and says how to fix it.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from disagg_connector.vllm_version import parse_version
@@ -139,19 +139,31 @@ def _check_extra(extra: Mapping[str, Any], source: str) -> None:
             )
 
 
-def with_engine_id(config: Mapping[str, Any], engine_id: str) -> dict[str, Any]:
-    """``config`` with vLLM's ``engine_id`` set, refusing one the kubelet left unexpanded.
+def check_group_names(leader_address: str, revision: str) -> None:
+    """Refuse a group's leader address or revision the kubelet left unexpanded (``$(NAME)``)."""
+    for flag, value in (("--leader-address", leader_address), ("--group-revision", revision)):
+        if not value or "$(" in value:
+            raise LaunchConfigError(
+                f"{flag} {value!r} names no group: the pod's environment lacks a variable it "
+                "names (is the LeaderWorkerSet controller's pod webhook running?)"
+            )
 
-    A multi-node server's leader gets its group's id on the command line, built from variables
-    the LeaderWorkerSet webhook injects; the kubelet leaves ``$(NAME)`` as is when a variable is
-    missing, and the workers would then not share a real group id.
+
+def group_engine_id(leader_address: str, revision: str, leader_ips: Sequence[str]) -> str:
+    """The NIXL engine id of one incarnation of a multi-node server's group, the same on each
+    of its ranks: its leader's DNS name, its template revision and its leader pod's IPs.
+
+    vLLM's peers handshake again only with an engine id they have not seen. The name and
+    revision alone survive a group the LeaderWorkerSet controller recreates after a pod
+    failure (same leader pod name, same templates), so peers would keep the dead ranks' NIXL
+    agents; the recreated leader pod gets a new IP (unless the network plugin hands it a freed
+    one again). The kubelet leaves ``$(NAME)`` as is when a
+    variable the command names is missing, and the ranks would then not share a real id.
     """
-    if not engine_id or "$(" in engine_id:
-        raise LaunchConfigError(
-            f"--engine-id {engine_id!r} is not a group id: the pod's environment lacks a "
-            "variable it names (is the LeaderWorkerSet controller's pod webhook running?)"
-        )
-    return {**config, "engine_id": engine_id}
+    check_group_names(leader_address, revision)
+    if not leader_ips:
+        raise LaunchConfigError(f"no IP address for the group leader {leader_address!r}")
+    return f"{leader_address}/{revision}/{','.join(sorted(set(leader_ips)))}"
 
 
 def serving_env(environ: Mapping[str, str], config: Mapping[str, Any]) -> dict[str, str]:

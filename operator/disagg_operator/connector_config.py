@@ -24,11 +24,8 @@ from disagg_operator.models import DisaggregatedModelSpec
 CONFIG_DIR = "/etc/disagg"
 
 
-def kv_transfer_config(
-    spec: DisaggregatedModelSpec, role: Role, engine_id: str | None = None
-) -> dict[str, Any]:
-    """The `--kv-transfer-config` object for one role (only keys vLLM >= 0.32 accepts), with
-    `engine_id` when given (a multi-node server's workers: every rank must share the leader's).
+def kv_transfer_config(spec: DisaggregatedModelSpec, role: Role) -> dict[str, Any]:
+    """The `--kv-transfer-config` object for one role (only keys vLLM >= 0.32 accepts).
 
     When bidirectional, decode also gets the lease term its retentions live past their last
     renewal (from `kvTransfer.idleTimeoutSeconds`) and prefill how it decides to read them
@@ -45,9 +42,7 @@ def kv_transfer_config(
         extra[EXTRA_LEASE_TERM] = lease_term_s(kv.idle_timeout_seconds)
     if kv.bidirectional and role is Role.PREFILL:
         extra[EXTRA_READ_DECISION] = str(kv.read_decision)
-    identity = {"engine_id": engine_id} if engine_id is not None else {}
     return {
-        **identity,
         "kv_connector": CONNECTOR_CLASS,
         "kv_connector_module_path": CONNECTOR_MODULE,
         "kv_role": KV_ROLE[role],

@@ -22,11 +22,11 @@ from disagg_contract import (
     ENGINE_PORT,
     EXTRA_ARGS_MARKER,
     FI_PROVIDER_ENV,
-    KV_TRANSFER_CONFIG_FLAG,
     LEASE_PORT,
     LEASE_PORT_ENV,
     OFFER_KEY_DIR,
     OFFER_KEY_FILE_ENV,
+    POD_IP_ENV,
     ROUTER_API_KEY_ENV,
     ROUTER_REDIS_URL_ENV,
     SECRET_KEY_NAME,
@@ -39,7 +39,6 @@ from disagg_operator.connector_config import (
     config_file,
     config_hash,
     config_map_data,
-    kv_transfer_config,
 )
 from disagg_operator.errors import SpecError
 from disagg_operator.models import (
@@ -122,16 +121,8 @@ LWS_REVISION_LABEL = "leaderworkerset.sigs.k8s.io/template-revision-hash"
 """On every pod of a LeaderWorkerSet group (set by its controller): the revision of the group's
 templates, the leader's on its workers too."""
 LWS_REVISION_ENV = "DISAGG_LWS_REVISION"
-"""The pod's group revision (its `LWS_REVISION_LABEL`) in its environment, for `GROUP_ENGINE_ID`."""
-GROUP_ENGINE_ID = f"{LWS_LEADER_ADDRESS}/$({LWS_REVISION_ENV})"
-"""The NIXL engine id of one multi-node server, the same on each of its ranks.
-
-vLLM's headless workers build their own config, with an engine id of their own unless one is
-given; a peer reading a rank whose id is not the leader's (the one the leader's scheduler puts
-in `remote_engine_id`) fails the handshake. The leader's address names the group (unique per
-group, role, model and namespace); the revision changes when the group is recreated for a new
-template, so peers handshake again instead of reusing the old ranks' agents.
-"""
+"""The pod's group revision (its `LWS_REVISION_LABEL`) in its environment, for `_group_args`."""
+LWS_REVISION = f"$({LWS_REVISION_ENV})"
 LWS_STARTUP_POLICY = "LeaderCreated"
 """Workers start with their leader: the leader is Ready only once every worker has joined."""
 LWS_RESTART_POLICY = "RecreateGroupOnPodRestart"
@@ -251,19 +242,17 @@ def _multi_node_args(role: RoleSpec, leader: bool) -> list[str]:
     return args if leader else [*args, "--headless"]
 
 
-def _worker_command(
-    spec: DisaggregatedModelSpec, component: Component, role: RoleSpec
-) -> list[str]:
-    """A worker's command: vLLM's own server CLI in headless mode, with the role's arguments,
-    its extraArgs and the role's connector config, as ``disagg serve`` gives the leader (every
-    rank runs the connector's worker side, with the group's engine id; the leader's launcher
-    checks the extraArgs)."""
-    own = _vllm_args(
-        spec, role.model_copy(update={"extra_args": []}), _multi_node_args(role, False)
-    )
-    config = kv_transfer_config(spec, Role(component), engine_id=GROUP_ENGINE_ID)
-    config_arg = json.dumps(config, separators=(",", ":"))
-    return ["vllm", "serve", *own, *role.extra_args, KV_TRANSFER_CONFIG_FLAG, config_arg]
+def _group_args(leader: bool) -> list[str]:
+    """``disagg serve``'s options for one rank of a multi-node server, the leader or a
+    headless worker.
+
+    Every rank must run with one NIXL engine id (a peer refuses a rank whose id is not the
+    leader's) and a recreated group with a new one (peers handshake again only with an id
+    they have not seen): the launcher builds it from the group's leader address, its revision
+    and the leader pod's IPs, which it resolves from the address.
+    """
+    args = ["--leader-address", LWS_LEADER_ADDRESS, "--group-revision", LWS_REVISION]
+    return args if leader else [*args, "--headless-worker"]
 
 
 def _serves_leases(spec: DisaggregatedModelSpec, component: Component) -> bool:
@@ -295,6 +284,8 @@ def _engine_env(
     if role.multi_node:
         revision = {"fieldPath": f"metadata.labels['{LWS_REVISION_LABEL}']"}
         injected.append({"name": LWS_REVISION_ENV, "valueFrom": {"fieldRef": revision}})
+        pod_ip = {"fieldPath": "status.podIP"}
+        injected.append({"name": POD_IP_ENV, "valueFrom": {"fieldRef": pod_ip}})
     user = [var.model_dump(exclude_none=True) for var in role.env]
     user_names = {var.name for var in role.env}
     return [var for var in injected if var["name"] not in user_names] + user
@@ -501,22 +492,13 @@ def _engine(
         "tolerations": _tolerations(spec, role),
         "affinity": _affinity(name, component, role),
     }
+    serve = ["disagg", "serve", "--role", str(component), "--config", config_file(Role(component))]
     multi_node = _multi_node_args(role, True) if role.multi_node else None
-    engine_id = ["--engine-id", GROUP_ENGINE_ID] if role.multi_node else []
+    group = _group_args(True) if role.multi_node else []
     server = _render(
         "engine/pod.yaml.j2",
         **pod,
-        command=[
-            "disagg",
-            "serve",
-            "--role",
-            str(component),
-            "--config",
-            config_file(Role(component)),
-            *engine_id,
-            "--",
-            *_vllm_args(spec, role, multi_node),
-        ],
+        command=[*serve, *group, "--", *_vllm_args(spec, role, multi_node)],
         ports=ports,
         probes={
             "startupProbe": _http_probe(period=10, failures=180),
@@ -529,7 +511,12 @@ def _engine(
         worker = _render(
             "engine/pod.yaml.j2",
             **pod,
-            command=_worker_command(spec, component, role),
+            command=[
+                *serve,
+                *_group_args(False),
+                "--",
+                *_vllm_args(spec, role, _multi_node_args(role, False)),
+            ],
             ports=[side_channel],
             probes={},
         )

@@ -2,14 +2,16 @@
 
 Run by the engine venv's interpreter (``test_render_multinode_fit.py``), with the serving
 image's vLLM sources ahead on the path for that release: for every LeaderWorkerSet of every
-example, the leader's ``disagg serve`` command goes through the launcher's ``prepare`` (its
-config from the rendered ConfigMap) and the server command it builds is parsed and validated
-as the server's ``main`` does; the worker's ``vllm serve`` arguments are parsed by the same
-parser (``vllm serve`` builds its subcommand parser with the same ``make_arg_parser``). The
-kubelet's ``$(VAR)`` expansion is done first, with the values the LeaderWorkerSet webhook and
-controller give each pod, for two groups of each LeaderWorkerSet. Each command must also read
-back as the multi-node shape the operator meant, and every rank of a group with the one engine
-id (``kv_transfer_config.engine_id``) no other group has.
+example, the leader's and the worker's ``disagg serve`` commands go through the launcher (its
+engine id from the group's leader address, resolved by a stand-in for the cluster's DNS, then
+``prepare`` with the config from the rendered ConfigMap) and the server command each builds
+(the API server's, ``vllm serve --headless`` for a worker) is parsed and validated as the
+server's ``main`` does (``vllm serve`` builds its subcommand parser with the same
+``make_arg_parser``). The kubelet's ``$(VAR)`` expansion is done first, with the values the
+LeaderWorkerSet webhook and controller give each pod, for two groups of each LeaderWorkerSet
+and a recreated incarnation of the first (same names and revision, a new leader pod IP). Each
+command must also read back as the multi-node shape the operator meant, and every rank of an
+incarnation with the one engine id (``kv_transfer_config.engine_id``) no other has.
 """
 
 from __future__ import annotations
@@ -29,8 +31,9 @@ from vllm_cli_fit import command_problems, serve_parser  # noqa: E402
 LEADER_ADDRESS = "m-prefill-0.m-prefill-0.ns"
 """An LWS_LEADER_ADDRESS of the shape the LeaderWorkerSet webhook injects."""
 NAMESPACE = "default"
-GROUPS_PER_SET = 2
-"""Groups checked per LeaderWorkerSet (as with replicas 2): their engine ids must differ."""
+INCARNATIONS = ((0, "10.0.3.7"), (1, "10.0.5.12"), (0, "10.0.9.40"))
+"""Group incarnations checked per LeaderWorkerSet, as (group index, leader pod IP): two groups
+(as with replicas 2) and the first one recreated after a pod failure; their ids must differ."""
 REVISION = "6d5f8b7c9"
 """A `template-revision-hash` label value, the same on every pod of a group."""
 
@@ -90,9 +93,10 @@ def shape_problems(
 def problems() -> tuple[dict[str, list[str | None]], list[str]]:
     """(each group checked with its ranks' engine ids, leader first; problems found)."""
     from disagg.cli import build_parser
+    from disagg_connector.commands import group_rank
     from disagg_connector.launch_config import LaunchConfigError
-    from disagg_connector.launcher import prepare
-    from disagg_contract import Role
+    from disagg_connector.launcher import API_SERVER_MODULE, CLI_MODULE, prepare, rank_engine_id
+    from disagg_contract import POD_IP_ENV, Role
 
     serve = serve_parser()
     disagg = build_parser()
@@ -104,35 +108,48 @@ def problems() -> tuple[dict[str, list[str | None]], list[str]]:
             size = template["size"]
             (leader,) = template["leaderTemplate"]["spec"]["containers"]
             (worker,) = template["workerTemplate"]["spec"]["containers"]
-            parsed = disagg.parse_args(leader["command"][1:])
-            config_text = files[Path(parsed.config).name]
-            config_path = Path(scratch) / Path(parsed.config).name
-            config_path.write_text(config_text)
-            config = json.loads(config_text)
-            for group in range(GROUPS_PER_SET):
-                where = f"{name} group {group}"
+            for incarnation, (group, leader_ip) in enumerate(INCARNATIONS):
+                where = f"{name} group {group} incarnation {incarnation}"
                 address = leader_address(lws["metadata"]["name"], group)
-                vllm_args = expand(leader["command"][leader["command"].index("--") + 1 :], 0,
-                                   address)  # fmt: skip
-                (engine_id,) = expand([parsed.engine_id], 0, address)
-                try:
-                    command, _ = prepare(Role(parsed.role), config_path, vllm_args, engine_id)
-                except LaunchConfigError as exc:
-                    found.append(f"{where} leader: {exc}")
-                    continue
-                found += [f"{where} leader: {p}" for p in
-                          command_problems(serve, command[3:], config)]  # fmt: skip
-                found += shape_problems(where, serve.parse(command[3:]), size, 0, address)
-                ids = engine_ids[where] = [serve.parse(command[3:]).kv_transfer_config.engine_id]
-                if worker["command"][:2] != ["vllm", "serve"]:
-                    found.append(f"{where} worker: not `vllm serve`: {worker['command'][:2]}")
-                    continue
-                for rank in range(1, size):
-                    args = expand(worker["command"][2:], rank, address)
-                    found += [f"{where} worker: {p}" for p in
-                              command_problems(serve, args, config)]  # fmt: skip
-                    found += shape_problems(where, serve.parse(args), size, rank, address)
-                    ids.append(serve.parse(args).kv_transfer_config.engine_id)
+
+                def dns(host: str, address: str = address, ip: str = leader_ip) -> list[str]:
+                    """Stand-in for the cluster's DNS: the leader's record of this incarnation."""
+                    return [ip] if host == address else []
+
+                ids = engine_ids[where] = []
+                ranks = [(0, leader, API_SERVER_MODULE)]
+                ranks += [(rank, worker, CLI_MODULE) for rank in range(1, size)]
+                for rank, container, module in ranks:
+                    args = expand(container["command"], rank, address)
+                    parsed = disagg.parse_args(args[1:])
+                    vllm_args = args[args.index("--") + 1 :]
+                    config_text = files[Path(parsed.config).name]
+                    config_path = Path(scratch) / Path(parsed.config).name
+                    config_path.write_text(config_text)
+                    config = json.loads(config_text)
+                    group_of_rank = group_rank(parsed)
+                    if group_of_rank is None:
+                        found.append(f"{where} rank {rank}: no multi-node group: {args}")
+                        continue
+                    try:
+                        environ = {POD_IP_ENV: leader_ip} if rank == 0 else {}
+                        engine_id = rank_engine_id(group_of_rank, environ, dns)
+                        command, _ = prepare(
+                            Role(parsed.role), config_path, vllm_args, engine_id,
+                            group_of_rank.headless_worker,
+                        )  # fmt: skip
+                    except LaunchConfigError as exc:
+                        found.append(f"{where} rank {rank}: {exc}")
+                        continue
+                    entry = [module, "serve"] if rank else [module]
+                    if command[2 : 2 + len(entry)] != entry:
+                        found.append(f"{where} rank {rank}: not {entry}: {command[:4]}")
+                        continue
+                    server_args = command[2 + len(entry) :]
+                    found += [f"{where} rank {rank}: {p}" for p in
+                              command_problems(serve, server_args, config)]  # fmt: skip
+                    found += shape_problems(where, serve.parse(server_args), size, rank, address)
+                    ids.append(serve.parse(server_args).kv_transfer_config.engine_id)
     return engine_ids, found
 
 

@@ -36,14 +36,15 @@ def test_multi_node_commands_fit_vllms_parser(tmp_path: Path, release: str) -> N
     report = _report(tmp_path, tree)
     if tree is not None:
         assert report["vllm"].startswith(release), report["vllm"]
-    assert len(report["engine_ids"]) >= 4, "two groups of the example's prefill and decode each"
+    assert len(report["engine_ids"]) >= 6, "three incarnations of the example's prefill and decode"
     assert report["problems"] == []
 
 
 def test_every_rank_of_a_group_reads_one_engine_id_no_other_group_has(tmp_path: Path) -> None:
-    """vLLM's own parser, given the rendered leader (through `disagg serve`) and worker
-    commands, reads the same `kv_transfer_config.engine_id` on every rank of a group, and a
-    different one in each other group of the same or the other role."""
+    """vLLM's own parser, given the server commands `disagg serve` builds from the rendered
+    leader and worker commands, reads the same `kv_transfer_config.engine_id` on every rank of
+    a group incarnation, and a different one in each other group of the same or the other role
+    and in the first group recreated (a new leader pod IP)."""
     groups = _report(tmp_path, None)["engine_ids"]
     for where, ids in groups.items():
         assert ids[0] is not None and len(ids) >= 2, (where, ids)

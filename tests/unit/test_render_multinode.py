@@ -14,8 +14,9 @@ from typing import Any, cast
 import pytest
 
 from disagg.cli import build_parser
-from disagg_connector.launch_config import LaunchConfigError, with_engine_id
-from disagg_contract import EXTRA_ARGS_MARKER, KV_TRANSFER_CONFIG_FLAG
+from disagg_connector.commands import group_rank
+from disagg_connector.launcher import GroupRank
+from disagg_contract import EXTRA_ARGS_MARKER, POD_IP_ENV
 from disagg_operator.children import key
 from disagg_operator.errors import SpecError
 from disagg_operator.kubeapi import KubeApi
@@ -23,9 +24,9 @@ from disagg_operator.loading import load_spec
 from disagg_operator.models import MAX_MULTI_NODE_NAME_LENGTH
 from disagg_operator.reconcile import Live, Reconciler
 from disagg_operator.render import (
-    GROUP_ENGINE_ID,
     LWS_GROUP_KEY_LABEL,
     LWS_LEADER_ADDRESS,
+    LWS_REVISION,
     LWS_REVISION_ENV,
     LWS_REVISION_LABEL,
     LWS_WORKER_INDEX,
@@ -92,32 +93,39 @@ def test_leader_runs_disagg_serve_as_rank_zero_and_workers_join_headless() -> No
     assert vllm[vllm.index(EXTRA_ARGS_MARKER) + 1 :] == ["--enforce-eager"]
 
     worker = _container(template["workerTemplate"])["command"]
-    assert worker[:2] == ["vllm", "serve"]
-    assert "--headless" in worker and _after(worker, "--node-rank") == LWS_WORKER_INDEX
-    assert _after(worker, "--master-addr") == LWS_LEADER_ADDRESS
-    assert "--enforce-eager" in worker
-    config = json.loads(children[("ConfigMap", "big-connector")]["data"]["prefill.json"])
-    worker_config = json.loads(_after(worker, KV_TRANSFER_CONFIG_FLAG))
-    assert worker_config == {**config, "engine_id": GROUP_ENGINE_ID}
+    assert worker[: worker.index("--")] == [*leader[: leader.index("--")], "--headless-worker"]
+    vllm = worker[worker.index("--") + 1 :]
+    own = vllm[: vllm.index(EXTRA_ARGS_MARKER)]
+    assert "--headless" in own and _after(own, "--node-rank") == LWS_WORKER_INDEX
+    assert _after(own, "--master-addr") == LWS_LEADER_ADDRESS
+    assert vllm[vllm.index(EXTRA_ARGS_MARKER) + 1 :] == ["--enforce-eager"]
 
 
-def test_every_rank_of_a_group_runs_with_the_groups_engine_id() -> None:
+def test_every_rank_of_a_group_builds_its_engine_id_from_the_groups_leader() -> None:
+    """The launcher gets the group's leader address and revision on every rank (its own pod
+    IP on the leader, to check the address against), not an engine id of its own."""
     template = _group(_children({"prefill": TWO_NODES}), "prefill")["leaderWorkerTemplate"]
     leader = _container(template["leaderTemplate"])
     worker = _container(template["workerTemplate"])
-    serve = leader["command"][: leader["command"].index("--")]
-    worker_config = json.loads(_after(worker["command"], KV_TRANSFER_CONFIG_FLAG))
-    assert _after(serve, "--engine-id") == worker_config["engine_id"] == GROUP_ENGINE_ID
-    assert LWS_LEADER_ADDRESS in GROUP_ENGINE_ID and f"$({LWS_REVISION_ENV})" in GROUP_ENGINE_ID
+    ranks = [
+        group_rank(build_parser().parse_args(container["command"][1:]))
+        for container in (leader, worker)
+    ]
+    assert ranks == [
+        GroupRank(LWS_LEADER_ADDRESS, LWS_REVISION, headless_worker=False),
+        GroupRank(LWS_LEADER_ADDRESS, LWS_REVISION, headless_worker=True),
+    ]
     label = {"fieldRef": {"fieldPath": f"metadata.labels['{LWS_REVISION_LABEL}']"}}
+    pod_ip = {"fieldRef": {"fieldPath": "status.podIP"}}
     for container in (leader, worker):
         assert {"name": LWS_REVISION_ENV, "valueFrom": label} in container["env"]
+        assert {"name": POD_IP_ENV, "valueFrom": pod_ip} in container["env"]
 
 
 def test_single_node_servers_keep_vllms_own_engine_id() -> None:
     children = _children({"prefill": TWO_NODES})
     (decode,) = children[("StatefulSet", "big-decode")]["spec"]["template"]["spec"]["containers"]
-    assert "--engine-id" not in decode["command"]
+    assert group_rank(build_parser().parse_args(decode["command"][1:])) is None
     assert LWS_REVISION_ENV not in {var["name"] for var in decode["env"]}
     assert all("engine_id" not in json.loads(text) for text in
                children[("ConfigMap", "big-connector")]["data"].values())  # fmt: skip
@@ -271,21 +279,6 @@ def test_a_workload_of_another_owner_is_never_deleted() -> None:
     asyncio.run(reconciler.reconcile(multi, Live(children={key(foreign): foreign})))
     assert not [w for w in api.writes if w[0] == "delete"]
     assert ("apply", "LeaderWorkerSet/m-decode") in api.writes
-
-
-def test_the_launcher_sets_the_leaders_engine_id_and_refuses_an_unexpanded_one() -> None:
-    template = _group(_children({"prefill": TWO_NODES}), "prefill")["leaderWorkerTemplate"]
-    command = _container(template["leaderTemplate"])["command"]
-    parsed = build_parser().parse_args(command[1:])
-    assert parsed.engine_id == GROUP_ENGINE_ID
-    group = "big-prefill-1.big-prefill-1.ml/5d8f7c9b4"
-    assert with_engine_id({"kv_role": "kv_producer"}, group) == {
-        "kv_role": "kv_producer",
-        "engine_id": group,
-    }
-    for unexpanded in (GROUP_ENGINE_ID, f"big-prefill-1.big-prefill-1.ml/$({LWS_REVISION_ENV})"):
-        with pytest.raises(LaunchConfigError, match="lacks a variable it names"):
-            with_engine_id({}, unexpanded)
 
 
 def test_the_operator_refuses_a_multi_node_name_its_groups_labels_cannot_carry() -> None:
