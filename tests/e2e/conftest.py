@@ -3,8 +3,9 @@
 The session builds the images (`images.sh build`, a no-op when their inputs are unchanged),
 then starts or reuses the local cluster with DISAGG_REAL_NODE=1 (kwok's fake nodes plus one
 real CPU node) and loads the images into the node's containerd (`images.sh import`). The
-cluster is named by DISAGG_CLUSTER_NAME (default ``e2e``, apart from the cluster tests' own)
-and stopped after the session if the session started it (DISAGG_KEEP_CLUSTER=1 keeps it). Run
+cluster is named by DISAGG_CLUSTER_NAME (default: the running cluster that holds the machine's
+one real node, such as `make demo`'s, else ``e2e``, apart from the cluster tests' own) and
+stopped after the session if the session started it (DISAGG_KEEP_CLUSTER=1 keeps it). Run
 this group in its own pytest session (`make test-e2e`): it sets those variables for the whole
 process.
 
@@ -30,8 +31,29 @@ NODE_SCRIPTS = CLUSTER_TESTS / "node"
 sys.path.insert(0, str(CLUSTER_TESTS))
 import kube  # noqa: E402
 
+
+def _key_values(*command: str) -> dict[str, str]:
+    out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+
+def _cluster_name() -> str:
+    """DISAGG_CLUSTER_NAME when set; else the running cluster the real node belongs to (one
+    real node runs per machine, e.g. `make demo`'s: the tests then run beside the demo, in
+    namespaces of their own); else ``e2e``."""
+    if os.environ.get("DISAGG_CLUSTER_NAME"):
+        return os.environ["DISAGG_CLUSTER_NAME"]
+    owner = Path(_key_values("bash", str(CLUSTER_TESTS / "env.sh"))["NODE_STATE"]) / "cluster"
+    state = Path(owner.read_text().strip()) if owner.is_file() else None
+    if state is not None and state.name.startswith("cluster-"):
+        env = kube.ClusterEnv("", kube.cluster_env().bin_dir, state, state / "kubeconfig")
+        if kube.local_cluster_running(env):
+            return state.name.removeprefix("cluster-")
+    return "e2e"
+
+
 os.environ["DISAGG_REAL_NODE"] = "1"
-os.environ.setdefault("DISAGG_CLUSTER_NAME", "e2e")
+os.environ["DISAGG_CLUSTER_NAME"] = _cluster_name()
 STARTUP = pytest.StashKey[str]()
 LOG_DIR = Path(os.environ.get("DISAGG_CACHE", Path.home() / ".cache" / "disagg")) / "e2e-logs"
 """Where the image builds and imports log (the session's failure message quotes their tail)."""
@@ -54,11 +76,6 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     startup = terminalreporter.config.stash.get(STARTUP, None)
     if startup is not None:
         terminalreporter.write_line(f"real node: {startup}")
-
-
-def _key_values(*command: str) -> dict[str, str]:
-    out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
-    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
 
 
 @pytest.fixture(scope="session")
