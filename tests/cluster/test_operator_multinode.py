@@ -115,7 +115,8 @@ def test_two_node_example_runs_as_leaderworkersets_on_distinct_p5en_nodes(
         assert [p["metadata"]["labels"][LWS_WORKER_INDEX_LABEL] for p in pods] == ["0", "1"]
         leader, worker = pods
         assert leader["spec"]["containers"][0]["command"][:2] == ["disagg", "serve"]
-        assert worker["spec"]["containers"][0]["command"][:2] == ["vllm", "serve"]
+        worker_command = worker["spec"]["containers"][0]["command"]
+        assert worker_command[:2] == ["disagg", "serve"] and "--headless-worker" in worker_command
         env = {e["name"]: e.get("value") for e in worker["spec"]["containers"][0]["env"]}
         assert env["LWS_WORKER_INDEX"] == "1" and env["LWS_GROUP_SIZE"] == "2"
         assert env["LWS_LEADER_ADDRESS"].startswith(f"{name}-{role}-0.{name}-{role}-0.")
