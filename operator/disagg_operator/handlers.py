@@ -1,10 +1,8 @@
 """kopf handlers: thin wiring from cluster events to the reconciler.
 
-- `reconcile`, a watch handler of the DisaggregatedModels (kopf's listing at start, then
-  every change), converges a model whose generation this process has not converged yet. It
-  is a plain watch handler, not kopf's create, update and resume handlers, so kopf keeps no
-  state on the model (no annotation patch per model); the reconciler retries a blocked model
-  itself (`--retry-delay`), and status is the reconciler's alone.
+- `reconcile` (resume, create, spec update of a DisaggregatedModel) converges the model and
+  retries with `kopf.TemporaryError` while it cannot be realized; it returns nothing, so kopf
+  writes no handler result into status (status is the reconciler's).
 - Three kopf indexes hold every model, every managed child (one index over all child kinds)
   and every managed pod's state, so child events re-check a model without any API read. As in
   kopf's `examples/16-indexing`, each index is named after its function and handlers take the
@@ -34,7 +32,7 @@ from disagg_operator.models import GROUP, PLURAL, VERSION
 from disagg_operator.names import COMPONENT_LABEL, LABEL_PREFIX, MANAGED_BY
 from disagg_operator.options import OperatorOptions
 from disagg_operator.peering import PeeringMissing, ensure_peering
-from disagg_operator.reconcile import Live, Outcome, Read, Reconciler
+from disagg_operator.reconcile import Live, Outcome, Reconciler
 from disagg_operator.resources import CHILD_RESOURCES, PODS
 from disagg_operator.reuse import (
     Model,
@@ -82,7 +80,7 @@ async def startup(
         ensure_peering(api, options)
     except PeeringMissing as exc:
         raise kopf.PermanentError(str(exc)) from None
-    reconciler = memo.reconciler = Reconciler(api, metrics, retry_delay_s=options.retry_delay_s)
+    reconciler = memo.reconciler = Reconciler(api, metrics)
     memo.reuse_task = None
     if options.reuse_interval_s > 0:
         urls: UrlSource = template_urls(options.reuse_url) if options.reuse_url else pod_urls
@@ -95,15 +93,12 @@ async def startup(
 
 @kopf.on.cleanup()
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
-    """Stop reading reuse summaries and retrying blocked models."""
+    """Stop reading reuse summaries."""
     task: asyncio.Task[None] | None = memo.get("reuse_task")
     if task is not None:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
-    reconciler: Reconciler | None = memo.get("reconciler")
-    if reconciler is not None:
-        reconciler.close()
 
 
 def _models(models_index: Snapshots, pods_index: PodStates) -> list[tuple[Model, list[PodState]]]:
@@ -133,25 +128,19 @@ def _reuse_writer(reconciler: Reconciler, models_index: Snapshots) -> Report:
 
 
 @kopf.index(GROUP, VERSION, PLURAL)
-async def models_index(
-    namespace: str | None, name: str, body: kopf.Body, **_: Any
-) -> dict[Any, Any]:
-    """Every DisaggregatedModel by (namespace, name).
-
-    The indexes are coroutines, not plain functions, which kopf would call in a thread for
-    every watch event of every child and pod.
-    """
+def models_index(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
+    """Every DisaggregatedModel by (namespace, name)."""
     return {(namespace, name): _snapshot(body)}
 
 
-async def children_index(
+def children_index(
     namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
 ) -> dict[Any, Any]:
     """Every managed child, of every child kind, by its model's (namespace, name)."""
     return {(namespace, labels[INSTANCE_LABEL]): _snapshot(body)}
 
 
-async def pods_index(
+def pods_index(
     namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
 ) -> dict[Any, Any]:
     """A managed pod's state by its model's (namespace, name)."""
@@ -161,24 +150,6 @@ async def pods_index(
 def _live(owner_key: OwnerKey, children_index: Snapshots, pods_index: PodStates) -> Live:
     children = {key(child): child for child in children_index.get(owner_key, [])}
     return Live(children=children, pods=sorted(pods_index.get(owner_key, []), key=str))
-
-
-def _reader(
-    owner_key: OwnerKey,
-    uid: str,
-    models_index: Snapshots,
-    children_index: Snapshots,
-    pods_index: PodStates,
-) -> Read:
-    """The model `uid` and its live children from the indexes at the time of the call."""
-
-    def read() -> tuple[Mapping[str, Any], Live] | None:
-        current = [m for m in models_index.get(owner_key, []) if m["metadata"]["uid"] == uid]
-        if not current:
-            return None
-        return current[0], _live(owner_key, children_index, pods_index)
-
-    return read
 
 
 def _post(owner: Mapping[str, Any], outcome: Outcome) -> None:
@@ -191,30 +162,34 @@ def _post(owner: Mapping[str, Any], outcome: Outcome) -> None:
         )
 
 
-@kopf.on.event(GROUP, VERSION, PLURAL, id="model_changed")  # type: ignore[arg-type]
+@kopf.on.resume(GROUP, VERSION, PLURAL, id="reconcile")
+@kopf.on.create(GROUP, VERSION, PLURAL, id="reconcile")
+@kopf.on.update(GROUP, VERSION, PLURAL, id="reconcile", field="spec")  # type: ignore[arg-type]
 async def reconcile(
-    type: str | None,
     body: kopf.Body,
     memo: kopf.Memo,
-    models_index: Snapshots,
     children_index: Snapshots,
     pods_index: PodStates,
     **_: Any,
 ) -> None:
-    """Converge a model listed, created or changed (a blocked one is retried later, Degraded
-    meanwhile); drop the reconciler's memory of a deleted one."""
+    """Converge a model; retry later while it cannot be realized (it ends Degraded meanwhile)."""
     owner = _snapshot(body)
-    meta = owner["metadata"]
+    owner_key = (owner["metadata"]["namespace"], owner["metadata"]["name"])
     reconciler: Reconciler = memo.reconciler
+    outcome = await reconciler.reconcile(owner, _live(owner_key, children_index, pods_index))
+    _post(owner, outcome)
+    if outcome.blocked:
+        options: OperatorOptions = memo.options
+        reasons = "; ".join(p.message for p in outcome.problems)
+        raise kopf.TemporaryError(reasons, delay=options.retry_delay_s)
+
+
+@kopf.on.event(GROUP, VERSION, PLURAL)
+def forget_deleted(type: str, uid: str, memo: kopf.Memo, **_: Any) -> None:
+    """Drop the reconciler's memory of a deleted model."""
     if type == "DELETED":
-        reconciler.forget(meta["uid"])
-        return
-    owner_key = (meta["namespace"], meta["name"])
-    read = _reader(owner_key, meta["uid"], models_index, children_index, pods_index)
-    live = _live(owner_key, children_index, pods_index)
-    outcome = await reconciler.reconcile_changed(owner, live, read)
-    if outcome is not None:
-        _post(owner, outcome)
+        reconciler: Reconciler = memo.reconciler
+        reconciler.forget(uid)
 
 
 async def child_changed(
@@ -235,7 +210,13 @@ async def child_changed(
         uid = owner["metadata"]["uid"]
         if type == "DELETED":
             reconciler.forget_child(uid, key(body))
-        read = _reader(owner_key, uid, models_index, children_index, pods_index)
+
+        def read(uid: str = uid) -> tuple[Mapping[str, Any], Live] | None:
+            current = [m for m in models_index.get(owner_key, []) if m["metadata"]["uid"] == uid]
+            if not current:
+                return None
+            return current[0], _live(owner_key, children_index, pods_index)
+
         outcome = await reconciler.reconcile_soon(uid, read)
         if outcome is not None:
             _post(owner, outcome)

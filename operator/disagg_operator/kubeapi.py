@@ -22,10 +22,6 @@ FIELD_MANAGER = "disagg-operator"
 """The one field manager of everything the operator applies."""
 
 USER_AGENT = "disagg-operator"
-CONNECTIONS = 32
-"""Connections the client keeps to the API server: one per reconciler worker thread, so many
-models starting at once keep as many requests in flight (urllib3's default keeps 5 per CPU and
-opens and drops one for each request beyond)."""
 APPLY_PATCH = "application/apply-patch+yaml"
 MERGE_PATCH = "application/merge-patch+json"
 
@@ -39,7 +35,6 @@ def new_api_client() -> client.ApiClient:
         config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
     else:
         config.load_kube_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-    configuration.connection_pool_maxsize = CONNECTIONS
     api = client.ApiClient(configuration)
     api.user_agent = USER_AGENT
     return api
@@ -92,15 +87,9 @@ class KubeApi:
         return decoded
 
     def get(self, resource: ApiResource, namespace: str, name: str) -> dict[str, Any] | None:
-        """One object, or None when it does not exist, as the API server's watch cache holds it
-        (`resourceVersion=0`: no etcd read; it may lag by moments, which the next pass mends)."""
+        """One object, or None when it does not exist."""
         try:
-            return self.request(
-                "GET",
-                resource.path(namespace, name),
-                query=[("resourceVersion", "0")],
-                expected=(404,),
-            )
+            return self.request("GET", resource.path(namespace, name), expected=(404,))
         except ApiException as exc:
             if exc.status == 404:
                 return None

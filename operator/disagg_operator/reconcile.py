@@ -9,7 +9,6 @@ status only when it changed. What the reconciler keeps between passes is all in 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import datetime
 import json
 import logging
@@ -29,7 +28,7 @@ from disagg_operator.conditions import (
 )
 from disagg_operator.connector_config import config_hash, config_map_data
 from disagg_operator.errors import SpecError
-from disagg_operator.kubeapi import CONNECTIONS, ApiException, KubeApi
+from disagg_operator.kubeapi import ApiException, KubeApi
 from disagg_operator.loading import load_spec
 from disagg_operator.metrics import OperatorMetrics
 from disagg_operator.model_keys import ensure_model_keys
@@ -53,14 +52,9 @@ from disagg_operator.reuse import Reading, next_reuse
 Manifest = dict[str, Any]
 ChildKey = tuple[str, str]
 _T = TypeVar("_T")
-Read = Callable[[], "tuple[Mapping[str, Any], Live] | None"]
-"""The model and its live children as the operator sees them now (None once it is gone)."""
 
 COALESCE_DELAY_S = 0.5
 """Child events arriving this close together share one pass (a rollout is a burst of events)."""
-
-DEFAULT_RETRY_DELAY_S = 15.0
-"""How long a model whose pass was blocked or failed waits before the next one."""
 
 REFUSED_STATUSES = frozenset({400, 403, 404, 409, 422})
 """Apply errors a retry will not fix by itself: reported as Degraded (ApplyFailed)."""
@@ -116,20 +110,14 @@ class Memory:
     """Everything the reconciler keeps between passes, per model uid, and why.
 
     kopf's indexes are the operator's view of the cluster and the pass is a function of that
-    view. Each piece here makes up for something the view alone does not give. The first two
-    are needed for correctness; the other four only save work, and each is kept because
+    view. Each piece here makes up for something the view alone does not give. The first is
+    needed for correctness; the other three only save work, and each is kept because
     `benchmarks/operator_scale.py` shows what it saves (runs without each one are in
     benchmarks/README.md):
 
     - turns: one pass of a model at a time (an asyncio lock per model, gone once no pass
       holds or awaits it). Child events come from other watch streams than the model's own
       handler, and two passes at once would apply and patch the same objects twice;
-    - retries: the one pending retry of a model whose last pass was blocked (a missing
-      Secret, a refused apply) or failed. Nothing else may come to start a pass: the Secrets
-      a spec names are not watched;
-    - converged generations: the model's generation when its last pass ended unblocked. The
-      model's own watch events that change no spec (its status writes above all) start no
-      pass while it stands: that pass would find nothing to do. Child events always do;
     - coalescing: a child-event pass starts `COALESCE_DELAY_S` late, and the events arriving
       while it waits join it (it reads the state after them): a rollout is a burst of pod
       and workload events, and one pass each is more status writes and more CPU;
@@ -148,8 +136,6 @@ class Memory:
         self._waiting: set[str] = set()
         self._written: dict[str, dict[ChildKey, Mapping[str, Any]]] = {}
         self._rendered: dict[str, tuple[str, tuple[Manifest, ...]]] = {}
-        self._retries: dict[str, asyncio.Task[None]] = {}
-        self._converged: dict[str, int] = {}
 
     async def one_at_a_time(self, uid: str, run: Callable[[], Awaitable[_T]]) -> _T:
         """`run()` in the model's turn."""
@@ -214,47 +200,14 @@ class Memory:
             cached = self._rendered[meta["uid"]] = (identity, tuple(desired_children(owner)))
         return list(cached[1])
 
-    def retry(self, uid: str, delay_s: float, run: Callable[[], Awaitable[None]]) -> None:
-        """`run()` in `delay_s`, unless a retry of the model is pending already."""
-        if uid in self._retries:
-            return
-
-        async def later() -> None:
-            await asyncio.sleep(delay_s)
-            self._retries.pop(uid, None)
-            await run()
-
-        self._retries[uid] = asyncio.create_task(later(), name=f"retry {uid}")
-
-    def settled(self, uid: str, generation: int | None) -> None:
-        """The model's last pass ended unblocked at `generation`, or (None) not."""
-        if generation is None:
-            self._converged.pop(uid, None)
-        else:
-            self._converged[uid] = generation
-
-    def converged(self, uid: str, generation: int) -> bool:
-        """Whether the model's last pass ended unblocked at `generation`."""
-        return self._converged.get(uid) == generation
-
     def forget_child(self, uid: str, child: ChildKey) -> None:
         """A child was deleted: the answer to its last apply no longer stands for it."""
         self._written.get(uid, {}).pop(child, None)
 
     def forget(self, uid: str) -> None:
-        """Drop what is kept of a deleted model (a pending retry is cancelled)."""
+        """Drop what is kept of a deleted model."""
         self._written.pop(uid, None)
         self._rendered.pop(uid, None)
-        self._converged.pop(uid, None)
-        retry = self._retries.pop(uid, None)
-        if retry is not None:
-            retry.cancel()
-
-    def close(self) -> None:
-        """Cancel every pending retry (the operator is stopping)."""
-        for retry in self._retries.values():
-            retry.cancel()
-        self._retries.clear()
 
 
 def _now() -> str:
@@ -282,37 +235,18 @@ _CHANGE_EVENTS = {
 
 
 class Reconciler:
-    """Reconciles models one pass at a time per model, any number of models in parallel.
-
-    Passes block on the API server, so they run in worker threads of their own, as many as
-    the client keeps connections (`kubeapi.CONNECTIONS`): many models starting at once then
-    keep that many requests in flight, and a model's short status pass does not queue behind
-    the first passes of all the others.
-    """
+    """Reconciles models one pass at a time per model, any number of models in parallel."""
 
     def __init__(
         self,
         api: KubeApi,
         metrics: OperatorMetrics | None = None,
         logger: logging.Logger | None = None,
-        retry_delay_s: float = DEFAULT_RETRY_DELAY_S,
     ) -> None:
         self._api = api
         self._metrics = metrics or OperatorMetrics()
         self._log = logger or logging.getLogger(__name__)
         self._memory = Memory()
-        self._retry_delay_s = retry_delay_s
-        self._threads = concurrent.futures.ThreadPoolExecutor(
-            max_workers=CONNECTIONS, thread_name_prefix="reconcile"
-        )
-
-    def close(self) -> None:
-        """Cancel pending retries and let the worker threads go once their passes end."""
-        self._memory.close()
-        self._threads.shutdown(wait=False, cancel_futures=True)
-
-    async def _in_thread(self, call: Callable[..., _T], *args: Any) -> _T:
-        return await asyncio.get_running_loop().run_in_executor(self._threads, call, *args)
 
     def forget(self, uid: str) -> None:
         """Drop what is remembered about a deleted model."""
@@ -323,80 +257,22 @@ class Reconciler:
         """A child was deleted: stop trusting the copy this process applied."""
         self._memory.forget_child(uid, child)
 
-    async def reconcile(
-        self, owner: Mapping[str, Any], live: Live, read: Read | None = None
-    ) -> Outcome:
-        """Converge one model's children and status now (in the model's turn); when the pass
-        is blocked or fails, run another `retry_delay_s` later on what `read` returns then."""
-        uid = owner["metadata"]["uid"]
-        return await self._memory.one_at_a_time(uid, lambda: self._settle(owner, live, read))
+    async def reconcile(self, owner: Mapping[str, Any], live: Live) -> Outcome:
+        """Converge one model's children and status now (in the model's turn)."""
+        return await self._memory.one_at_a_time(
+            owner["metadata"]["uid"], lambda: asyncio.to_thread(self._pass, owner, live)
+        )
 
-    async def reconcile_changed(
-        self, owner: Mapping[str, Any], live: Live, read: Read
+    async def reconcile_soon(
+        self, uid: str, read: Callable[[], tuple[Mapping[str, Any], Live] | None]
     ) -> Outcome | None:
-        """A watch event of the model itself: `reconcile` unless the last pass ended unblocked
-        at the model's generation (the event changed no spec: None, no pass)."""
-        meta = owner["metadata"]
-        uid, generation = meta["uid"], int(meta.get("generation") or 1)
-
-        async def run() -> Outcome | None:
-            if self._memory.converged(uid, generation):
-                return None
-            return await self._settle(owner, live, read)
-
-        return await self._memory.one_at_a_time(uid, run)
-
-    async def reconcile_soon(self, uid: str, read: Read) -> Outcome | None:
         """Run one pass shortly, on the state `read` returns then; None when coalesced."""
 
         async def run() -> Outcome | None:
             state = read()
-            return None if state is None else await self._settle(*state, read)
+            return None if state is None else await asyncio.to_thread(self._pass, *state)
 
         return await self._memory.soon(uid, run)
-
-    async def _settle(self, owner: Mapping[str, Any], live: Live, read: Read | None) -> Outcome:
-        """One pass in a worker thread; remember whether it converged the model's generation,
-        and retry later (with `read`) when it did not."""
-        meta = owner["metadata"]
-        uid, generation = meta["uid"], int(meta.get("generation") or 1)
-        was_converged = self._memory.converged(uid, generation)
-        self._memory.settled(uid, None)
-        try:
-            outcome = await self._in_thread(self._pass, owner, live)
-        except Exception:
-            self._retry_later(uid, read)
-            raise
-        if outcome.blocked:
-            self._log.warning(
-                "%s/%s is blocked (next try in %g s): %s",
-                meta["namespace"],
-                meta["name"],
-                self._retry_delay_s,
-                "; ".join(p.message for p in outcome.problems),
-            )
-            self._retry_later(uid, read)
-        else:
-            self._memory.settled(uid, generation)
-            if not was_converged:
-                self._log.info(
-                    "%s/%s converged at generation %d", meta["namespace"], meta["name"], generation
-                )
-        return outcome
-
-    def _retry_later(self, uid: str, read: Read | None) -> None:
-        if read is None:
-            return
-
-        async def retry() -> None:
-            try:
-                await self.reconcile_soon(uid, read)
-            except Exception:
-                self._log.exception(
-                    "the pass of model %s failed (next try in %g s)", uid, self._retry_delay_s
-                )
-
-        self._memory.retry(uid, self._retry_delay_s, retry)
 
     async def report_reuse(
         self,
@@ -411,7 +287,7 @@ class Reconciler:
         async def write() -> None:
             watched = read()
             if watched is not None:
-                await self._in_thread(self._write_reuse, watched, reading, failures)
+                await asyncio.to_thread(self._write_reuse, watched, reading, failures)
 
         await self._memory.one_at_a_time(uid, write)
 

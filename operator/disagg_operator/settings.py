@@ -13,10 +13,9 @@ def configure(settings: kopf.OperatorSettings, options: OperatorOptions) -> None
     """Operator-wide kopf settings, all in one place.
 
     kopf's bookkeeping (handler progress, the diff base of the last handled spec and the
-    finalizer name) would live under `disagg.dev/`; no handler needs any (the models' handler
-    is a watch handler), so kopf writes nothing on a model, and status is ours alone. Events
-    are posted only where the operator calls for them; resource and namespace scanning is off,
-    so no cluster-wide permission is needed in namespaced mode.
+    finalizer name, though no handler needs a finalizer) lives under `disagg.dev/`; status is
+    ours alone. Events are posted only where the operator calls for them; resource and
+    namespace scanning is off, so no cluster-wide permission is needed in namespaced mode.
     """
     persistence = settings.persistence
     persistence.finalizer = f"{PERSISTENCE_PREFIX}/finalizer"

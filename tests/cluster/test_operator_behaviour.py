@@ -101,7 +101,7 @@ def test_steady_state_issues_no_writes(
         # change the status reports while the deployment controller catches up.)
         mark = time.monotonic()
         second = start_operator(kubeconfig_path=proxy.kubeconfig)
-        second.wait_log(f"{namespace}/{NAME} converged at generation")
+        second.wait_log("Resuming is processed")
         selector = f"app.kubernetes.io/instance={NAME}"
         kubectl("-n", namespace, "label", f"{CHILD_KINDS},pods", "-l", selector,
                 "example.com/poked=yes", "--overwrite")  # fmt: skip

@@ -18,7 +18,7 @@ from disagg_operator.kubeapi import KubeApi
 from disagg_operator.models import PLURAL
 from disagg_operator.reconcile import Live, Memory, Reconciler
 from disagg_operator.resources import CHILD_RESOURCES, ApiResource
-from dmodel_samples import minimal_spec, spec_with
+from dmodel_samples import minimal_spec
 
 OWNER = {
     "apiVersion": "disagg.dev/v1alpha1",
@@ -95,90 +95,6 @@ def test_a_pass_before_the_watch_shows_its_writes_writes_nothing_again() -> None
     # The watch has caught up: its copies replace the answers kept, and nothing is written.
     caught_up = asyncio.run(reconciler.reconcile(owner, Live(children=stored)))
     assert api.writes == [] and caught_up.applied == 0
-
-
-def test_model_events_at_a_converged_generation_start_no_pass() -> None:
-    api = FakeApi(OWNER)
-    reconciler = _reconciler(api)
-
-    def read() -> tuple[Mapping[str, Any], Live] | None:
-        stored = api.stored()
-        return stored.pop(key(OWNER)), Live(children=stored)
-
-    first = asyncio.run(reconciler.reconcile_changed(OWNER, Live(children={}), read))
-    assert first is not None and first.applied == len(reconcile.desired_children(OWNER))
-
-    # The model's own status write comes back as an event: same generation, no pass.
-    api.writes.clear()
-    owner, live = read() or ({}, Live(children={}))
-    assert asyncio.run(reconciler.reconcile_changed(owner, live, read)) is None
-
-    # A spec change is a new generation: a pass.
-    changed = copy.deepcopy(dict(owner))
-    changed["metadata"]["generation"] = 2
-    changed["spec"]["decode"] = {**changed["spec"].get("decode", {}), "replicas": 2}
-    again = asyncio.run(reconciler.reconcile_changed(changed, live, read))
-    assert again is not None and ("apply", "StatefulSet/m-decode") in api.writes
-
-
-class BlockedApi(FakeApi):
-    """The spec names a Secret that does not exist until `secret_created` is set."""
-
-    secret_created = False
-
-    def get(self, resource: ApiResource, namespace: str, name: str) -> dict[str, Any] | None:
-        if name == "hf" and self.secret_created:
-            return {"kind": "Secret", "metadata": {"name": "hf"}, "data": {"token": "eA=="}}
-        return super().get(resource, namespace, name)
-
-
-BLOCKED_OWNER = {
-    **OWNER,
-    "spec": spec_with({"model": {"tokenSecret": {"name": "hf", "key": "token"}}}),
-}
-
-
-def test_a_blocked_model_is_retried_until_it_converges_and_no_longer_once_deleted(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setattr(reconcile, "COALESCE_DELAY_S", 0.01)
-
-    async def scenario() -> tuple[list[bool], int, int]:
-        api = BlockedApi(BLOCKED_OWNER)
-        reconciler = Reconciler(cast(KubeApi, api), retry_delay_s=0.01)
-        outcomes: list[bool] = []
-
-        def read() -> tuple[Mapping[str, Any], Live] | None:
-            stored = api.stored()
-            return stored.pop(key(BLOCKED_OWNER)), Live(children=stored)
-
-        first = await reconciler.reconcile_changed(BLOCKED_OWNER, Live(children={}), read)
-        assert first is not None
-        outcomes.append(first.blocked)
-        await asyncio.sleep(0.2)  # a few retries: still blocked
-        still_blocked = api.writes.count(("apply", "ConfigMap/m-connector"))
-        api.secret_created = True
-        await asyncio.sleep(0.2)  # the next retry converges; no further retry
-        owner, live = read() or ({}, Live(children={}))
-        outcomes.append(await reconciler.reconcile_changed(owner, live, read) is None)
-        applied = api.writes.count(("apply", "ConfigMap/m-connector"))
-
-        # Blocked again, then deleted: the pending retry is dropped with the model.
-        api.secret_created = False
-        changed = copy.deepcopy(dict(owner))
-        changed["metadata"]["generation"] = 2
-        blocked = await reconciler.reconcile_changed(changed, live, read)
-        assert blocked is not None and blocked.blocked
-        reconciler.forget("u-1")
-        passes = len(api.writes)
-        await asyncio.sleep(0.2)
-        outcomes.append(len(api.writes) == passes)
-        reconciler.close()
-        return outcomes, still_blocked, applied
-
-    outcomes, still_blocked, applied = asyncio.run(scenario())
-    assert outcomes == [True, True, True]
-    assert (still_blocked, applied) == (0, 1)
 
 
 def test_a_child_deleted_before_the_watch_showed_it_is_created_again() -> None:
@@ -299,7 +215,7 @@ def test_three_indexes_one_over_every_child_kind() -> None:
 @pytest.mark.parametrize(
     ("handler", "indexes"),
     [
-        (handlers.reconcile, {"models_index", "children_index", "pods_index"}),
+        (handlers.reconcile, {"children_index", "pods_index"}),
         (handlers.child_changed, {"models_index", "children_index", "pods_index"}),
     ],
 )
