@@ -292,6 +292,11 @@ INVALID_SPECS = [
         "spec.kvTransfer.loadFailurePolicy",
     ),
     InvalidSpec(
+        "unknown-read-decision",
+        {"kvTransfer": {"readDecision": "auto"}},
+        "spec.kvTransfer.readDecision",
+    ),
+    InvalidSpec(
         "zero-recompute-threshold",
         {"kvTransfer": {"recomputeThresholdTokens": 0}},
         "spec.kvTransfer.recomputeThresholdTokens",
