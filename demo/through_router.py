@@ -10,7 +10,6 @@ where the figures went, then stops the port-forward.
 from __future__ import annotations
 
 import argparse
-import socket
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ import httpx
 
 from disagg.cli import main as disagg
 from disagg.rig.bench_model import DESCRIPTION
+from disagg.rig.router import free_port
 
 FORWARD_TIMEOUT_S = 60.0
 
@@ -37,17 +37,10 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
 @contextmanager
 def port_forward(args: argparse.Namespace) -> Iterator[str]:
     """A loopback URL forwarded to the router Service's port, until the block ends."""
-    port = _free_port()
+    port = free_port()
     forward = subprocess.Popen(
         [
             args.kubectl, "-n", args.namespace, "port-forward", "--address", "127.0.0.1",
