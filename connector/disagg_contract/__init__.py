@@ -104,7 +104,7 @@ LEASE_RENEW_PATH = "/disagg/v1/leases/renew"
 router extends the leases of open conversations; ``gone`` names the ones decode no longer holds."""
 LEASE_RELEASE_PATH = "/disagg/v1/leases/release"
 """POST {"leases": [{"request", "offer", "reason"}, ...]} -> {"released": int}: the router drops
-retentions it will never offer again (superseded, evicted, expired, idle, closed)."""
+retentions it will never offer again (superseded, evicted, expired, idle, closed, drained)."""
 CLAIM_HOLD_S = 30.0
 """The longest hold decode grants (decode's clock); never past the retention's hard cap."""
 MIN_CLAIM_HOLD_S = 4.0
@@ -134,6 +134,9 @@ class ReleaseReason(enum.StrEnum):
     """No turn within the idle timeout."""
     CLOSED = "closed"
     """The client closed the conversation (DELETE)."""
+    DRAINED = "drained"
+    """The decode replica holding it is leaving (its endpoint is terminating): no turn reads
+    it again, the conversation's next turn recomputes on another replica."""
 
 
 DEFAULT_IDLE_TIMEOUT_S = 120
