@@ -115,7 +115,13 @@ def create_app(config: RouterConfig) -> RouterApp:
         discovery = build_discovery(config, prefill, decode)
         metrics = RouterMetrics()
         metrics.in_flight.set_function(lambda: slots.in_flight)
-        leases = LeaseBook(engines, store, metrics, config.idle_timeout_s)
+        leases = LeaseBook(
+            engines,
+            store,
+            metrics,
+            config.idle_timeout_s,
+            draining=lambda: {replica.url for replica in decode.draining()},
+        )
         metrics.leases_held.set_function(lambda: len(leases))
         health = HealthChecker(engines, pools, config.health_interval_s, config.health_timeout_s)
         await discovery.start()

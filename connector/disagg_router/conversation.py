@@ -22,6 +22,8 @@ class Lookup(enum.StrEnum):
     MISS = "miss"
     EXPIRED = "expired"
     STALE = "stale"
+    DRAINING = "draining"
+    """The entry's KV is on a decode replica that is leaving: the turn recomputes elsewhere."""
     NO_KEY = "no_key"
 
 

@@ -19,7 +19,8 @@ _MAX_SLEEP_S = 0.25
 
 
 class HealthChecker:
-    """Polls ``/health`` of due replicas; failing ones back off exponentially.
+    """Polls ``/health`` of due replicas; failing ones back off exponentially. Draining
+    replicas are not polled: a pod that is leaving is not a failed one.
 
     Successful decode checks also refresh the model list (``/v1/models``) that the router
     serves and validates ``model`` against.
@@ -60,7 +61,9 @@ class HealthChecker:
         """Seconds until the earliest scheduled check; short enough to notice replicas that
         requests marked failed meanwhile (their backoff may end before the interval does)."""
         now = time.monotonic()
-        upcoming = [r.next_check - now for pool in self._pools for r in pool.members()]
+        upcoming = [
+            r.next_check - now for pool in self._pools for r in pool.members() if not r.draining
+        ]
         return max(0.01, min([self._interval_s, _MAX_SLEEP_S, *upcoming]))
 
     async def check_due(self) -> None:
@@ -91,7 +94,7 @@ class HealthChecker:
         for pool in self._pools:
             if pool.role is not Role.DECODE:
                 continue
-            for replica in pool.healthy():
+            for replica in pool.available():
                 if await self._refresh_models(replica):
                     return
 

@@ -7,8 +7,9 @@ conversation id) and names the retention in its offer: ``LEASE_KEY`` (its lease 
 lease per conversation in a ``LeaseBook``. Every renewal period it renews, in one call per
 decode, the leases of conversations that had a turn within the idle timeout; it releases a
 conversation idle past that timeout (and drops its stored entry: the next turn recomputes), one
-whose entry outlived its expiry, one its store evicted, one the client closed, and the lease a
-turn took once the turn committed a new one. A renewal's ``gone`` names leases decode no longer
+held on a decode replica that is draining (likewise), one whose entry outlived its expiry, one
+its store evicted, one the client closed, and the lease a turn took once the turn committed a
+new one. A renewal's ``gone`` names leases decode no longer
 holds (freed under memory pressure, or read by a turn another router served); those are dropped
 with their entry.
 
@@ -25,7 +26,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -89,12 +90,15 @@ def lease_of(params: Mapping[str, Any] | None) -> Lease | None:
 @dataclass
 class _Held:
     """A lease the router holds for a conversation: the turn that committed it, when its entry
-    expires (wall clock) and when the conversation last had a turn (monotonic clock)."""
+    expires (wall clock), when the conversation last had a turn (monotonic clock), the decode
+    replica that holds the KV and whether a turn started since (its end settles the lease)."""
 
     lease: Lease
     seq: int
     expires_at: float
     active_at: float
+    decode_url: str
+    in_turn: bool = False
 
 
 class LeaseBook:
@@ -108,13 +112,16 @@ class LeaseBook:
         metrics: RouterMetrics,
         idle_timeout_s: float,
         clock: Callable[[], float] = time.monotonic,
+        draining: Callable[[], Collection[str]] = frozenset,
     ) -> None:
+        """``draining`` names the URLs of the decode replicas that are leaving."""
         self._engines = engines
         self._store = store
         self._metrics = metrics
         self._idle_timeout_s = idle_timeout_s
         self._period_s = renewal_period_s(idle_timeout_s)
         self._clock = clock
+        self._draining = draining
         self._held: dict[str, _Held] = {}
         self._releases: list[tuple[Lease, ReleaseReason]] = []
         self._wake = asyncio.Event()
@@ -144,6 +151,7 @@ class LeaseBook:
         held = self._held.get(key)
         if held is not None:
             held.active_at = self._clock()
+            held.in_turn = True
 
     def turn_finished(
         self,
@@ -167,7 +175,9 @@ class LeaseBook:
         new = lease_of(offered.kv_transfer_params) if offered is not None else None
         if new is not None and offered is not None and stored is not None:
             if stored:
-                self._held[key] = _Held(new, seq, offered.expires_at, self._clock())
+                self._held[key] = _Held(
+                    new, seq, offered.expires_at, self._clock(), offered.decode_url
+                )
                 superseded.discard(new)
             else:
                 superseded.add(new)
@@ -201,20 +211,24 @@ class LeaseBook:
         self._wake.set()
 
     async def sweep(self) -> None:
-        """One renewal pass: release what lapsed or went idle, renew the rest (one call per
-        lease service and LEASES_PER_CALL leases), drop what decode reports gone."""
+        """One renewal pass: release what lapsed, went idle or is on a draining decode (unless
+        a turn in flight will supersede it), renew the rest but those on a draining decode (one
+        call per lease service and LEASES_PER_CALL leases), drop what decode reports gone."""
         now, wall = self._clock(), time.time()
+        draining = set(self._draining())
         renewals: dict[str, list[tuple[str, _Held]]] = {}
         drops: list[tuple[str, int]] = []
         for key, held in list(self._held.items()):
             if held.expires_at <= wall:
                 del self._held[key]
                 self.release(held.lease, ReleaseReason.LAPSED)
-            elif now - held.active_at >= self._idle_timeout_s:
+                continue
+            leaving = held.decode_url in draining
+            if (leaving and not held.in_turn) or now - held.active_at >= self._idle_timeout_s:
                 del self._held[key]
-                self.release(held.lease, ReleaseReason.IDLE)
+                self.release(held.lease, ReleaseReason.DRAINED if leaving else ReleaseReason.IDLE)
                 drops.append((key, held.seq))
-            else:
+            elif not leaving:
                 renewals.setdefault(held.lease.service, []).append((key, held))
         await asyncio.gather(
             *(

@@ -32,7 +32,8 @@ class RouterMetrics:
         )
         self.lookups = Counter(
             "disagg_router_conversation_lookups",
-            "Conversation cache lookups by result (hit, miss, expired, stale, no_key).",
+            "Conversation cache lookups by result (hit, miss, expired, stale, no_key; draining: "
+            "the entry's decode replica is leaving, the turn recomputes on another).",
             ["result"],
             registry=reg,
         )
@@ -73,7 +74,8 @@ class RouterMetrics:
         )
         self.decode_affinity = Counter(
             "disagg_router_decode_affinity",
-            "Decode replica choices by affinity result (kept, overloaded, unhealthy, gone, none).",
+            "Decode replica choices by affinity result (kept, overloaded, unhealthy, gone, none; "
+            "draining: the conversation moved off a decode replica that is leaving).",
             ["result"],
             registry=reg,
         )
@@ -110,6 +112,13 @@ class RouterMetrics:
             ["role", "replica"],
             registry=reg,
         )
+        self.draining = Gauge(
+            "disagg_router_replica_draining",
+            "1 if the replica's endpoint is terminating: it finishes its requests in flight and "
+            "takes no new one (it is not health-checked meanwhile).",
+            ["role", "replica"],
+            registry=reg,
+        )
 
         self.reuse_turns = Counter(
             "disagg_router_reuse_turns",
@@ -132,8 +141,8 @@ class RouterMetrics:
         )
         self.lease_releases = Counter(
             "disagg_router_lease_releases",
-            "Leases this router dropped, by reason (superseded, evicted, lapsed, idle, closed; "
-            "gone: decode no longer held it at a renewal).",
+            "Leases this router dropped, by reason (superseded, evicted, lapsed, idle, closed, "
+            "drained; gone: decode no longer held it at a renewal).",
             ["reason"],
             registry=reg,
         )
@@ -181,11 +190,12 @@ class RouterMetrics:
 
     def render(self, pools: tuple[ReplicaPool, ...]) -> bytes:
         """Refresh the replica gauges and return the text exposition."""
-        self.outstanding.clear()
-        self.healthy.clear()
+        for gauge in (self.outstanding, self.healthy, self.draining):
+            gauge.clear()
         for pool in pools:
             for replica in pool.members():
                 labels = (pool.role.value, replica.url)
                 self.outstanding.labels(*labels).set(replica.outstanding)
                 self.healthy.labels(*labels).set(1 if replica.healthy else 0)
+                self.draining.labels(*labels).set(1 if replica.draining else 0)
         return generate_latest(self.registry)

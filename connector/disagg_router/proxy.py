@@ -131,12 +131,13 @@ class ProxyService:
                 endpoint, raw, request.headers.get(SESSION_HEADER), self._health.model_ids
             )
             bodies = EngineBodies(turn.body)
-            if not self._decode.healthy():
+            if not self._decode.available():
                 raise upstream_error(503, "No healthy decode replica.", "no_decode_replica")
 
             # 1. Resolve the conversation in the client's scope: take its entry from the store
             #    (one entry serves one turn), unless the decode replica holding that KV left,
-            #    failed or came back since. Without the store (unreachable, or slower than
+            #    failed or came back since, or is draining (no read from a pod that is leaving:
+            #    the turn recomputes). Without the store (unreachable, or slower than
             #    --redis-timeout) the turn runs as a miss, counted as a store error.
             if turn.conversation_id is None:
                 lookup = Lookup.NO_KEY
@@ -152,7 +153,9 @@ class ProxyService:
                     self._leases.touch(key)
                     lookup, entry = start.lookup, start.entry
                     holder = self._decode.get(entry.decode_url) if entry is not None else None
-                    if entry is not None and (
+                    if holder is not None and holder.draining:
+                        lookup, entry = Lookup.DRAINING, None
+                    elif entry is not None and (
                         holder is None
                         or not holder.healthy
                         or holder.recovered_at >= entry.created_at
@@ -222,7 +225,8 @@ class ProxyService:
 
             # 3. Decode with prefill's params (decode reads prefill's blocks: P->D), on the
             #    previous turn's replica while it is kept (its prefix cache holds the
-            #    conversation); an unreachable replica is replaced once. Decode retains the
+            #    conversation; a draining one is not kept); an unreachable replica is replaced
+            #    once. Decode retains the
             #    turn's KV only for a turn the router can commit as the conversation's entry.
             #    The answer counts as outstanding on its replica until stage 4 releases it.
             choice = self._decode_routing.choose(

@@ -1,4 +1,9 @@
-"""Engine replicas per role: outstanding requests, health state and backoff."""
+"""Engine replicas per role: outstanding requests, health state, backoff and draining.
+
+A replica whose endpoint is terminating (its pod is leaving: scale-down, rollout, eviction)
+stays a member while it drains: it finishes the requests it has and takes no new one, and it
+is not health-checked (a leaving pod is not a failed one).
+"""
 
 from __future__ import annotations
 
@@ -23,6 +28,8 @@ class Replica:
     next_check: float = 0.0
     recovered_at: float = 0.0
     """Wall time of the last unhealthy -> healthy transition: KV retained before it may be gone."""
+    draining: bool = False
+    """Its endpoint is terminating: it finishes the requests in flight and takes no new one."""
 
     def __post_init__(self) -> None:
         self.host = urlsplit(self.url).hostname or ""
@@ -38,10 +45,16 @@ class ReplicaPool:
         self._replicas: dict[str, Replica] = {}
         self._turn = 0
 
-    def set_urls(self, urls: Iterable[str]) -> None:
-        """Replace the membership, keeping the state of replicas that stay."""
-        wanted = list(dict.fromkeys(url.rstrip("/") for url in urls))
-        self._replicas = {url: self._replicas.get(url) or Replica(url, self.role) for url in wanted}
+    def set_urls(self, urls: Iterable[str], draining: Iterable[str] = ()) -> None:
+        """Replace the membership, keeping the state of replicas that stay; the members also
+        in ``draining`` are leaving (their endpoints are terminating)."""
+        leaving = {url.rstrip("/") for url in draining}
+        members: dict[str, Replica] = {}
+        for url in dict.fromkeys(url.rstrip("/") for url in urls):
+            replica = self._replicas.get(url) or Replica(url, self.role)
+            replica.draining = url in leaving
+            members[url] = replica
+        self._replicas = members
 
     def get(self, url: str) -> Replica | None:
         """The replica at ``url`` if it is still a member."""
@@ -55,10 +68,18 @@ class ReplicaPool:
         """Members that passed their last health check."""
         return [r for r in self._replicas.values() if r.healthy]
 
+    def available(self) -> list[Replica]:
+        """Members that take new requests: healthy and not draining."""
+        return [r for r in self._replicas.values() if r.healthy and not r.draining]
+
+    def draining(self) -> list[Replica]:
+        """Members that are leaving."""
+        return [r for r in self._replicas.values() if r.draining]
+
     def least_outstanding(self, exclude: Iterable[Replica] = ()) -> Replica | None:
-        """The healthy replica with the fewest requests in flight; ties rotate."""
+        """The available replica with the fewest requests in flight; ties rotate."""
         skip = set(exclude)
-        candidates = [r for r in self._replicas.values() if r.healthy and r not in skip]
+        candidates = [r for r in self.available() if r not in skip]
         if not candidates:
             return None
         self._turn += 1
@@ -82,5 +103,5 @@ class ReplicaPool:
         replica.next_check = (time.monotonic() if now is None else now) + self._interval_s
 
     def due(self, now: float) -> list[Replica]:
-        """Members whose next health check is due."""
-        return [r for r in self._replicas.values() if r.next_check <= now]
+        """Members whose next health check is due (draining ones are not checked)."""
+        return [r for r in self._replicas.values() if r.next_check <= now and not r.draining]

@@ -81,15 +81,15 @@ async def close_conversation(conversation_id: str, request: Request) -> Response
 
 @router.get("/health")
 async def health(request: Request) -> Response:
-    """200 when at least one prefill and one decode replica are healthy.
+    """200 when at least one prefill and one decode replica are healthy and not draining.
 
     An unreachable conversation store only degrades the router (turns run without reuse),
     so it is reported but does not take the router out of its Service.
     """
     state = request.app.state
     body: dict[str, Any] = {
-        "prefill_healthy": len(state.prefill.healthy()),
-        "decode_healthy": len(state.decode.healthy()),
+        "prefill_healthy": len(state.prefill.available()),
+        "decode_healthy": len(state.decode.available()),
         "store": "ok",
     }
     try:

@@ -2,7 +2,8 @@
 
 Prefill has no state worth returning to, so any replica will do and the least loaded one is
 taken. Decode's prefix cache holds the conversation so far, so the replica of the previous
-turn is kept while it stays healthy and not much busier than the others.
+turn is kept while it stays healthy, is not draining and is not much busier than the others.
+A draining replica (its pod is leaving) is never chosen: the conversation moves to another.
 """
 
 from __future__ import annotations
@@ -23,11 +24,13 @@ class Affinity(enum.StrEnum):
     OVERLOADED = "overloaded"
     UNHEALTHY = "unhealthy"
     GONE = "gone"
+    DRAINING = "draining"
+    """The previous turn's replica is leaving: the conversation moves to another replica."""
 
 
 @dataclass(frozen=True)
 class Choice:
-    """The replica chosen (None when no healthy one is left) and why."""
+    """The replica chosen (None when no available one is left) and why."""
 
     replica: Replica | None
     affinity: Affinity = Affinity.NONE
@@ -42,13 +45,13 @@ class RoutingStrategy(Protocol):
         previous_url: str | None = None,
         exclude: Collection[Replica] = (),
     ) -> Choice:
-        """A healthy replica outside ``exclude`` for a turn whose conversation last ran on
+        """An available replica outside ``exclude`` for a turn whose conversation last ran on
         ``previous_url`` (None: no previous turn, or one that does not matter)."""
         ...
 
 
 class LeastOutstanding:
-    """The healthy replica with the fewest requests in flight; ties rotate."""
+    """The available replica with the fewest requests in flight; ties rotate."""
 
     def choose(
         self,
@@ -61,9 +64,9 @@ class LeastOutstanding:
 
 
 class ConversationAffinity:
-    """The replica of the conversation's previous turn, unless it left the pool, failed its
-    health check (or is excluded), or has more than ``slack`` requests in flight beyond the
-    least loaded replica; otherwise the least loaded replica."""
+    """The replica of the conversation's previous turn, unless it left the pool, is draining,
+    failed its health check (or is excluded), or has more than ``slack`` requests in flight
+    beyond the least loaded replica; otherwise the least loaded replica."""
 
     def __init__(self, slack: int) -> None:
         self._slack = slack
@@ -81,6 +84,8 @@ class ConversationAffinity:
         previous = pool.get(previous_url)
         if previous is None:
             return Choice(best, Affinity.GONE)
+        if previous.draining:
+            return Choice(best, Affinity.DRAINING)
         if not previous.healthy or previous in exclude:
             return Choice(best, Affinity.UNHEALTHY)
         if best is not None and previous.outstanding > best.outstanding + self._slack:

@@ -352,7 +352,15 @@ def test_the_reuse_summary_is_open_and_matches_the_metrics(
         "reused_tokens": 2 + 6,
         "recomputed_tokens": 4,
         "leases_held": 1,
-        "released": {"superseded": 1, "evicted": 0, "lapsed": 0, "idle": 0, "closed": 0, "gone": 0},
+        "released": {
+            "superseded": 1,
+            "evicted": 0,
+            "lapsed": 0,
+            "idle": 0,
+            "closed": 0,
+            "drained": 0,
+            "gone": 0,
+        },
     }
     assert metric(client, "disagg_router_reuse_turns_total", result="hit") == 1
     assert metric(client, "disagg_router_reuse_turns_total", result="miss") == 1

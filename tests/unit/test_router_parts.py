@@ -22,7 +22,7 @@ from disagg.cli import build_parser
 from disagg_contract import Role
 from disagg_router.config import ConfigError, DiscoveryKind, RouterConfig, require
 from disagg_router.conversation import TurnEntry
-from disagg_router.discovery.kubernetes import _SliceState, slice_urls
+from disagg_router.discovery.kubernetes import _SliceState, slice_endpoints
 from disagg_router.payloads import EngineBodies, prefill_params, routable, strip_from_events
 from disagg_router.replicas import ReplicaPool
 from disagg_router.routing import Affinity, Choice, ConversationAffinity, LeastOutstanding
@@ -120,6 +120,24 @@ def test_decode_affinity_kept_unless_overloaded_unhealthy_or_gone() -> None:
     assert routing.choose(decode, "http://a") == Choice(b, Affinity.UNHEALTHY)
     assert routing.choose(decode, "http://gone") == Choice(b, Affinity.GONE)
     assert routing.choose(decode, exclude=(b,)) == Choice(None, Affinity.NONE)
+
+
+def test_a_draining_replica_takes_no_new_request_and_is_not_health_checked() -> None:
+    decode = pool(Role.DECODE, "http://a", "http://b")
+    a, b = decode.members()
+    a.outstanding, b.outstanding = 0, 5
+    decode.set_urls(["http://a", "http://b"], draining=["http://a/"])
+    assert decode.get("http://a") is a and a.draining and not b.draining
+    assert a.healthy, "a leaving replica is not a failed one"
+    assert decode.available() == [b] and decode.draining() == [a]
+    routing = ConversationAffinity(slack=2)
+    assert routing.choose(decode, "http://a") == Choice(b, Affinity.DRAINING)
+    assert routing.choose(decode) == Choice(b, Affinity.NONE)
+    assert LeastOutstanding().choose(decode) == Choice(b, Affinity.NONE)
+    assert decode.due(time.monotonic() + 60) == [b]
+    decode.set_urls(["http://b"], draining=["http://b"])
+    assert decode.get("http://a") is None, "gone once its endpoint is"
+    assert routing.choose(decode, "http://b") == Choice(None, Affinity.DRAINING)
 
 
 def test_failed_replicas_back_off_exponentially_up_to_the_cap() -> None:
@@ -238,26 +256,38 @@ def test_engine_bodies_are_the_client_body_with_each_calls_members(body: dict[st
     assert json.loads(bodies.decode(params)) == {**body, "kv_transfer_params": params}
 
 
+Conditions = tuple[bool | None, bool | None, bool | None]
+"""An endpoint's ready, serving and terminating conditions (None: unset)."""
+
+
 def endpoint_slice(
-    name: str, port_name: str, *endpoints: tuple[str, bool | None]
+    name: str, port_name: str, *endpoints: tuple[str, bool | None] | tuple[str, Conditions]
 ) -> V1EndpointSlice:
+    def conditions(state: bool | Conditions | None) -> V1EndpointConditions:
+        if isinstance(state, tuple):
+            ready, serving, terminating = state
+            return V1EndpointConditions(ready=ready, serving=serving, terminating=terminating)
+        return V1EndpointConditions(ready=state)
+
     return V1EndpointSlice(
         address_type="IPv4",
         metadata=V1ObjectMeta(name=name),
         ports=[DiscoveryV1EndpointPort(name=port_name, port=8200)],
         endpoints=[
-            V1Endpoint(addresses=[ip], conditions=V1EndpointConditions(ready=ready))
-            for ip, ready in endpoints
+            V1Endpoint(addresses=[ip], conditions=conditions(state)) for ip, state in endpoints
         ],
     )
 
 
 def test_endpoint_slices_yield_ready_endpoints_on_the_named_port() -> None:
     ready = endpoint_slice("s1", "http", ("10.0.0.1", True), ("10.0.0.2", False), ("fd00::1", None))
-    assert slice_urls(ready, "http") == ["http://10.0.0.1:8200", "http://[fd00::1]:8200"]
-    assert slice_urls(endpoint_slice("s2", "metrics", ("10.0.0.1", True)), "http") == [
-        "http://10.0.0.1:8200"
-    ]
+    assert slice_endpoints(ready, "http") == {
+        "http://10.0.0.1:8200": False,
+        "http://[fd00::1]:8200": False,
+    }
+    assert slice_endpoints(endpoint_slice("s2", "metrics", ("10.0.0.1", True)), "http") == {
+        "http://10.0.0.1:8200": False
+    }
     state = _SliceState("http")
     state.reset([ready])
     state.apply("ADDED", endpoint_slice("s3", "http", ("10.0.0.3", True)))
@@ -268,6 +298,31 @@ def test_endpoint_slices_yield_ready_endpoints_on_the_named_port() -> None:
     ]
     state.apply("DELETED", ready)
     assert state.urls() == ["http://10.0.0.3:8200"]
+
+
+def test_terminating_endpoints_are_draining_members_serving_or_not() -> None:
+    leaving = endpoint_slice(
+        "s1",
+        "http",
+        ("10.0.0.1", (True, True, False)),
+        ("10.0.0.2", (False, True, True)),  # terminating, still serving (in-flight streams)
+        ("10.0.0.3", (False, False, True)),  # terminating, no longer serving
+        ("10.0.0.4", (False, False, False)),  # starting up: not ready yet
+        ("10.0.0.5", (None, None, None)),
+    )
+    assert slice_endpoints(leaving, "http") == {
+        "http://10.0.0.1:8200": False,
+        "http://10.0.0.2:8200": True,
+        "http://10.0.0.3:8200": True,
+        "http://10.0.0.5:8200": False,
+    }
+    state = _SliceState("http")
+    state.reset([leaving, endpoint_slice("s2", "http", ("10.0.0.1", (False, True, True)))])
+    assert state.urls() == [f"http://10.0.0.{i}:8200" for i in (1, 2, 3, 5)]
+    assert state.draining() == [f"http://10.0.0.{i}:8200" for i in (1, 2, 3)], "draining wins"
+    state.apply("MODIFIED", endpoint_slice("s1", "http", ("10.0.0.5", True)))
+    state.apply("DELETED", endpoint_slice("s2", "http"))
+    assert (state.urls(), state.draining()) == (["http://10.0.0.5:8200"], [])
 
 
 def test_json_logs_are_one_object_per_line() -> None:

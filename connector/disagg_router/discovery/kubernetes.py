@@ -1,8 +1,10 @@
 """Replicas from the prefill/decode Services' EndpointSlices, followed with a watch.
 
 The Kubernetes client is synchronous, so each Service is watched on a daemon thread that
-hands every membership change to the event loop. Only ready, non-terminating endpoints count,
-so pods join when they pass readiness and leave when they stop.
+hands every membership change to the event loop. A pod joins when its endpoint is ready. When
+its endpoint turns terminating (the pod is being deleted: scale-down, rollout, eviction), serving
+or not, it stays a member as draining: it finishes the requests it has and takes no new one (see
+:mod:`disagg_router.replicas`). It leaves when its endpoint goes.
 """
 
 from __future__ import annotations
@@ -25,46 +27,65 @@ _WATCH_TIMEOUT_S = 300
 _RETRY_S = 2.0
 
 
-def slice_urls(endpoint_slice: Any, port_name: str) -> list[str]:
-    """Base URLs of the ready endpoints of one EndpointSlice (``V1EndpointSlice``).
+def slice_endpoints(endpoint_slice: Any, port_name: str) -> dict[str, bool]:
+    """The members one EndpointSlice (``V1EndpointSlice``) names: base URL -> draining.
 
-    The port is the one named ``port_name``, else the slice's only port.
+    An endpoint counts when it is ready (an unset condition counts as ready), or when it is
+    terminating, then as draining whatever ``serving`` says. The port is the one named
+    ``port_name``, else the slice's only port.
     """
     ports = endpoint_slice.ports or []
     named = [p for p in ports if p.name == port_name]
     chosen = named[0] if named else (ports[0] if len(ports) == 1 else None)
     if chosen is None or chosen.port is None:
-        return []
-    urls = []
+        return {}
+    members: dict[str, bool] = {}
     for endpoint in endpoint_slice.endpoints or []:
         conditions = endpoint.conditions
-        if conditions is not None and (conditions.ready is False or conditions.terminating):
+        terminating = conditions is not None and conditions.terminating is True
+        if not terminating and conditions is not None and conditions.ready is False:
             continue
         for address in endpoint.addresses or []:
             host = f"[{address}]" if ":" in address else address
-            urls.append(f"http://{host}:{chosen.port}")
-    return urls
+            members[f"http://{host}:{chosen.port}"] = terminating
+    return members
 
 
 class _SliceState:
-    """The URLs of every EndpointSlice of one Service, by slice name."""
+    """The members of every EndpointSlice of one Service, by slice name."""
 
     def __init__(self, port_name: str) -> None:
         self._port_name = port_name
-        self._slices: dict[str, list[str]] = {}
+        self._slices: dict[str, dict[str, bool]] = {}
 
     def reset(self, slices: list[Any]) -> None:
-        self._slices = {s.metadata.name: slice_urls(s, self._port_name) for s in slices}
+        self._slices = {s.metadata.name: slice_endpoints(s, self._port_name) for s in slices}
 
     def apply(self, event_type: str, endpoint_slice: Any) -> None:
         name = endpoint_slice.metadata.name
         if event_type == "DELETED":
             self._slices.pop(name, None)
         else:
-            self._slices[name] = slice_urls(endpoint_slice, self._port_name)
+            self._slices[name] = slice_endpoints(endpoint_slice, self._port_name)
 
     def urls(self) -> list[str]:
-        return sorted({url for urls in self._slices.values() for url in urls})
+        """Every member's URL."""
+        return sorted({url for members in self._slices.values() for url in members})
+
+    def draining(self) -> list[str]:
+        """The URLs of members some slice names terminating."""
+        return sorted(
+            {
+                url
+                for members in self._slices.values()
+                for url, leaving in members.items()
+                if leaving
+            }
+        )
+
+    def publish(self, loop: asyncio.AbstractEventLoop, pool: ReplicaPool) -> None:
+        """Hand the current membership to ``pool`` on its event loop."""
+        loop.call_soon_threadsafe(pool.set_urls, self.urls(), self.draining())
 
 
 class EndpointSliceDiscovery:
@@ -137,7 +158,7 @@ class EndpointSliceDiscovery:
                 )
                 state.reset(listed.items)
                 version = listed.metadata.resource_version if listed.metadata else None
-                loop.call_soon_threadsafe(pool.set_urls, state.urls())
+                state.publish(loop, pool)
                 w = watch.Watch()  # type: ignore[no-untyped-call]
                 self._watches.append(w)
                 try:
@@ -151,7 +172,7 @@ class EndpointSliceDiscovery:
                         if event["type"] == "ERROR":
                             break
                         state.apply(event["type"], event["object"])
-                        loop.call_soon_threadsafe(pool.set_urls, state.urls())
+                        state.publish(loop, pool)
                 finally:
                     self._watches.remove(w)
             except ApiException as exc:
