@@ -52,20 +52,21 @@ class EngineInputWaiter:
         wait_ms = float(os.environ.get(IDLE_STEP_WAIT_ENV, "0") or 0)
         if wait_ms <= 0:
             return None
-        input_queue = _find_engine_input_queue()
-        if input_queue is None:
+        core = find_engine_core()
+        if core is None:
             return None
-        return cls(input_queue, wait_ms / 1000.0)
+        return cls(core.input_queue, wait_ms / 1000.0)
 
 
-def _find_engine_input_queue() -> queue.Queue[Any] | None:
+def find_engine_core() -> Any | None:
+    """The vLLM engine core (``EngineCoreProc``) constructing the caller, found on the call
+    stack as the object whose ``input_queue`` is a queue; None outside an engine core."""
     frame = inspect.currentframe()
     try:
         while frame is not None:
             owner = frame.f_locals.get("self")
-            candidate = getattr(owner, "input_queue", None)
-            if isinstance(candidate, queue.Queue):
-                return candidate
+            if isinstance(getattr(owner, "input_queue", None), queue.Queue):
+                return owner
             frame = frame.f_back
         return None
     finally:

@@ -41,6 +41,8 @@ class FreeReason(enum.StrEnum):
     """Freed for live requests that needed decode's memory."""
     CAPPED = "capped"
     """The decoder TTL, the hard cap of one retention, ran out."""
+    SHUTDOWN = "shutdown"
+    """Decode is shutting down (its pod is leaving): no turn will read it again."""
 
 
 class ClaimRefusal(enum.StrEnum):
@@ -176,6 +178,13 @@ class RetentionTable:
                     break
                 retention.released = FreeReason.PRESSURE
                 released += retention.num_blocks
+
+    def release_all(self, reason: FreeReason) -> None:
+        """Release every retention still held; a claim's hold still keeps its blocks."""
+        with self._lock:
+            for retention in self._retained.values():
+                if retention.released is None:
+                    retention.released = reason
 
     def seconds_until_due(self) -> float | None:
         """How long until the next retention may come due by itself (None: none will)."""

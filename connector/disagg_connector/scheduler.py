@@ -10,7 +10,9 @@ frees its blocks at once. A retention is a lease (see :mod:`retention`): decode'
 (see :mod:`lease_service`) lets the router renew and release it and prefill claim it; memory
 pressure (a waiting request asked about again, a preemption) releases the least recently
 made ones. Freeing goes through vLLM's own path: the retention's deadline in the worker is
-moved to now.
+moved to now. Once the engine is shutting down (SIGTERM: its pod is leaving), decode retains
+nothing more and releases what it holds, so that vLLM's drain (``--shutdown-timeout``) ends
+when the requests in flight do, not when the last lease lapses.
 
 Reading: an offer is admitted when the request arrives (``on_new_request``, the first hook
 that sees it, before vLLM's pull scheduler reads any field): its shape is checked (see
@@ -38,7 +40,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.nixl.pull_scheduler import (
 from vllm.logger import init_logger
 from vllm.v1.request import RequestStatus
 
-from disagg_connector.idle_wait import EngineInputWaiter
+from disagg_connector.idle_wait import EngineInputWaiter, find_engine_core
 from disagg_connector.lease_service import ClaimTarget, LeaseService, claim
 from disagg_connector.offer import OfferSigner, load_offer_keys, model_identity
 from disagg_connector.offer_form import (
@@ -141,6 +143,7 @@ class DisaggConnectorScheduler(NixlPullConnectorScheduler):
         self._live_requests: set[str] = set()
         self._retained_requests: set[str] = set()
         self._idle_waiter = EngineInputWaiter.from_env()
+        self._engine_core = find_engine_core()
         if self._idle_waiter is not None:
             logger.info(
                 "Idle steps holding only retained KV wait up to %.0f ms for input",
@@ -210,6 +213,11 @@ class DisaggConnectorScheduler(NixlPullConnectorScheduler):
             self._claim_answers.append(GRANTED if result["granted"] else str(result["reason"]))
         elif path == LEASE_RELEASE_PATH and result["released"] and self._idle_waiter is not None:
             self._idle_waiter.wake()
+
+    def _shutting_down(self) -> bool:
+        """Whether vLLM's engine core was asked to shut down (it drains, then exits)."""
+        is_running = getattr(self._engine_core, "is_running", None)
+        return callable(is_running) and not is_running()
 
     @override
     def shutdown(self) -> None:
@@ -462,7 +470,12 @@ class DisaggConnectorScheduler(NixlPullConnectorScheduler):
             self.reuse_stats.record_verdict(Direction.DECODE_TO_PREFILL, plan.verdict)
         asked = request.kv_transfer_params
         delay_free, params = super().request_finished(request, block_ids)
-        keep = self.retentions is not None and isinstance(asked, dict) and asked.get(RETAIN_KEY)
+        keep = (
+            self.retentions is not None
+            and isinstance(asked, dict)
+            and asked.get(RETAIN_KEY)
+            and not self._shutting_down()
+        )
         if delay_free and params is not None and params.get("do_remote_decode") and not keep:
             # Nobody will read it back: free the blocks now, as with bidirectional off.
             self._reqs_need_send.pop(request.request_id, None)
@@ -566,6 +579,8 @@ class DisaggConnectorScheduler(NixlPullConnectorScheduler):
                 self.retentions.seconds_until_due() if self.retentions is not None else None
             )
         if self.retentions is not None:
+            if self._shutting_down():
+                self.retentions.release_all(FreeReason.SHUTDOWN)
             self._free_due(scheduler_output)
         return super().build_connector_meta(scheduler_output)
 

@@ -181,8 +181,8 @@ class DisaggPromMetrics(NixlPromMetrics):
 
         frees = self._counter_cls(
             name="vllm:disagg_kv_retention_frees",
-            documentation="Retentions of finished requests' KV decode stopped holding, by "
-            "reason (read, released by the router, lease lapsed, memory pressure, capped).",
+            documentation="Retentions of finished requests' KV decode stopped holding, by reason "
+            "(read, released by the router, lease lapsed, memory pressure, capped, shutdown).",
             labelnames=[*labelnames, "reason"],
         )
         claims = self._counter_cls(

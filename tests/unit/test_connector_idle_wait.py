@@ -10,7 +10,7 @@ import types
 
 import pytest
 
-from disagg_connector.idle_wait import EngineInputWaiter
+from disagg_connector.idle_wait import EngineInputWaiter, find_engine_core
 from disagg_connector.nixl_pacing import paced_progress_thread, progress_delay_from_env
 from disagg_contract import IDLE_STEP_WAIT_ENV, NIXL_PROGRESS_DELAY_ENV
 
@@ -21,6 +21,7 @@ class FakeEngineCore:
     def __init__(self) -> None:
         self.input_queue: queue.Queue[object] = queue.Queue()
         self.waiter = EngineInputWaiter.from_env()
+        self.found = find_engine_core()
 
 
 def test_waiter_times_out_without_input() -> None:
@@ -63,6 +64,12 @@ def test_from_env_finds_the_engine_queue_on_the_stack(monkeypatch: pytest.Monkey
     engine = FakeEngineCore()
     assert engine.waiter is not None
     assert engine.waiter.timeout_s == 0.25
+
+
+def test_the_engine_core_constructing_the_caller_is_found_on_the_stack() -> None:
+    engine = FakeEngineCore()
+    assert engine.found is engine, "the connector reads its shutdown state from it"
+    assert find_engine_core() is None
 
 
 def test_from_env_is_off_by_default_and_without_an_engine(monkeypatch: pytest.MonkeyPatch) -> None:

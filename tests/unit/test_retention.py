@@ -96,6 +96,24 @@ def test_a_claim_holds_the_blocks_through_release_lapse_and_pressure(
     assert table.take_due() == [("a", FreeReason.RELEASED)]
 
 
+def test_shutdown_releases_every_retention_still_held_and_keeps_a_claims_hold(
+    table: RetentionTable, clock: Clock
+) -> None:
+    for name in ("claimed", "idle", "released"):
+        table.retain(name, f"offer-{name}", 4, CAP_S)
+    assert table.claim("claimed", "offer-claimed", "p:r").granted
+    assert table.release("released", "offer-released")
+    table.release_all(FreeReason.SHUTDOWN)
+    assert table.claim("idle", "offer-idle", "p:r") == Grant(False, ClaimRefusal.RELEASED)
+    assert sorted(table.take_due()) == [
+        ("idle", FreeReason.SHUTDOWN),
+        ("released", FreeReason.RELEASED),
+    ]
+    clock.now += HOLD_S
+    assert table.take_due() == [("claimed", FreeReason.SHUTDOWN)], "after the read's hold"
+    assert len(table) == 0
+
+
 def test_released_before_the_claim_is_refused(table: RetentionTable) -> None:
     table.retain("a", "offer-a", 4, CAP_S)
     table.release("a", "offer-a")
