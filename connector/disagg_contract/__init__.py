@@ -269,6 +269,8 @@ MANAGED_VLLM_FLAGS: Mapping[str, str] = MappingProxyType(
         "--master-addr": _MULTI_NODE,
         "--headless": _MULTI_NODE,
         "--max-num-seqs": "set maxNumSeqs (beside extraArgs) instead",
+        "--shutdown-timeout": "set terminationGracePeriodSeconds (beside extraArgs) instead: "
+        "the operator renders vLLM's drain of a leaving pod from it",
         "--enable-prefix-caching": "set prefixCaching (beside extraArgs) instead",
         "--no-enable-prefix-caching": "set prefixCaching (beside extraArgs) instead",
         "--disable-prefix-caching": "set prefixCaching (beside extraArgs) instead",
