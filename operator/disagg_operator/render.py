@@ -42,6 +42,7 @@ from disagg_operator.connector_config import (
 )
 from disagg_operator.errors import SpecError
 from disagg_operator.models import (
+    DRAIN_DELAY_SECONDS,
     HASH_SEED_ENV,
     MAX_MULTI_NODE_NAME_LENGTH,
     MODEL_MOUNT_PATH,
@@ -67,6 +68,10 @@ from disagg_operator.names import (
 )
 
 Manifest = dict[str, Any]
+
+DRAIN_LIFECYCLE: dict[str, Any] = {"preStop": {"sleep": {"seconds": DRAIN_DELAY_SECONDS}}}
+"""A leaving server's first step: wait while its endpoint's terminating condition reaches the
+routers, which stop sending it requests; vLLM then gets SIGTERM and drains (--shutdown-timeout)."""
 
 ENGINE_REQUESTS: dict[str, int | str] = {"cpu": "8", "memory": "64Gi"}
 ROUTER_REQUESTS: dict[str, int | str] = {"cpu": "500m", "memory": "512Mi"}
@@ -220,6 +225,7 @@ def _vllm_args(
         args += ["--max-model-len", str(model.max_model_len)]
     if role.max_num_seqs is not None:
         args += ["--max-num-seqs", str(role.max_num_seqs)]
+    args += ["--shutdown-timeout", str(role.shutdown_timeout_seconds)]
     args.append("--enable-prefix-caching" if role.prefix_caching else "--no-enable-prefix-caching")
     args.append("--enable-prompt-tokens-details")
     args += multi_node or []
@@ -491,6 +497,7 @@ def _engine(
         "node_selector": role.node_selector,
         "tolerations": _tolerations(spec, role),
         "affinity": _affinity(name, component, role),
+        "termination_grace_period_seconds": role.termination_grace_period_seconds,
     }
     serve = ["disagg", "serve", "--role", str(component), "--config", config_file(Role(component))]
     multi_node = _multi_node_args(role, True) if role.multi_node else None
@@ -505,6 +512,7 @@ def _engine(
             "readinessProbe": _http_probe(period=5, failures=3),
             "livenessProbe": _http_probe(period=10, failures=6),
         },
+        lifecycle=DRAIN_LIFECYCLE,
     )
     common = {"name": child, "namespace": namespace, "labels": labels(name, component)}
     if role.multi_node:
@@ -519,6 +527,7 @@ def _engine(
             ],
             ports=[side_channel],
             probes={},
+            lifecycle={},
         )
         workload = _render(
             "engine/leaderworkerset.yaml.j2",

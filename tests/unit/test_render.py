@@ -11,7 +11,7 @@ import pytest
 
 from disagg_operator.errors import SpecError
 from disagg_operator.loading import load_resource, load_spec
-from disagg_operator.models import MAX_NAME_LENGTH
+from disagg_operator.models import DRAIN_DELAY_SECONDS, MAX_NAME_LENGTH
 from disagg_operator.names import CONFIG_HASH_ANNOTATION
 from disagg_operator.render import hash_seed, render
 from dmodel_samples import EXAMPLES, KV_TRANSFER_KEYS, load_example, minimal_spec, spec_with
@@ -507,6 +507,19 @@ def test_health_probes() -> None:
     main = container(None, "prefill")
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         assert main[probe]["httpGet"] == {"path": "/health", "port": "http"}
+
+
+def test_a_leaving_pod_waits_for_the_routers_then_vllm_drains_within_the_grace_period() -> None:
+    for role in ("prefill", "decode"):
+        default, custom = pod(None, role), pod({role: {"terminationGracePeriodSeconds": 300}}, role)
+        assert default["terminationGracePeriodSeconds"] == 120
+        assert custom["terminationGracePeriodSeconds"] == 300
+        main = default["containers"][0]
+        assert main["lifecycle"] == {"preStop": {"sleep": {"seconds": DRAIN_DELAY_SECONDS}}}
+        assert flag(main["command"], "--shutdown-timeout") == str(120 - 15)
+        assert flag(custom["containers"][0]["command"], "--shutdown-timeout") == str(300 - 15)
+    other = pod({"decode": {"terminationGracePeriodSeconds": 60}}, "prefill")
+    assert other["terminationGracePeriodSeconds"] == 120, "each role has its own"
 
 
 # ---- router ------------------------------------------------------------------------------
