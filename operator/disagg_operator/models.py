@@ -85,8 +85,7 @@ MANAGED_FLAGS_MESSAGE = (
     "--tensor-parallel-size, -tp, --pipeline-parallel-size, -pp, --max-num-seqs, "
     "--enable-prefix-caching, --no-enable-prefix-caching, --disable-prefix-caching: this "
     "role's tensorParallelSize, pipelineParallelSize, maxNumSeqs, prefixCaching; --nnodes, -n, "
-    "--node-rank, -r, --master-addr, --headless: this role's nodesPerReplica; "
-    "--shutdown-timeout: this role's terminationGracePeriodSeconds) or drop it "
+    "--node-rank, -r, --master-addr, --headless: this role's nodesPerReplica) or drop it "
     "(--port, --api-key, --kv-transfer-config, "
     "--enable-prompt-tokens-details, --no-enable-prompt-tokens-details, "
     "--disable-prompt-tokens-details: the operator fixes them)"
@@ -429,6 +428,130 @@ PIPELINE_STAGES_MESSAGE = (
 decode's by prefill, both through the pull worker's per-TP-rank agents."""
 
 
+AutoscalingEngine = Literal["hpa", "keda"]
+AutoscalingSignal = Literal["queueDepth", "ttft", "kvCacheUsage", "runningRequests"]
+PREFILL_SIGNALS: tuple[AutoscalingSignal, ...] = ("queueDepth", "ttft")
+"""What prefill is short of: compute, seen as requests waiting or as time to the first token."""
+DECODE_SIGNALS: tuple[AutoscalingSignal, ...] = ("kvCacheUsage", "runningRequests")
+"""What decode is short of: KV memory (retained KV included) or room for running streams."""
+MAX_STABILIZATION_SECONDS = 3600
+"""The longest stabilization window the HorizontalPodAutoscaler accepts."""
+PROMETHEUS_URL_PATTERN = r"^https?://[^\s]+$"
+
+_PROMETHEUS_CEL = "has(self.prometheusAddress)"
+_KEDA_CEL = "(has(self.engine) && self.engine == 'keda')"
+
+
+class AutoscalingBehavior(ApiModel):
+    """How fast the autoscaler follows its signal (the HorizontalPodAutoscaler's behavior)."""
+
+    scale_up_stabilization_window_seconds: Annotated[
+        int, Field(ge=0, le=MAX_STABILIZATION_SECONDS)
+    ] = Field(
+        0,
+        description="Seconds of higher recommendations the autoscaler waits for before adding "
+        "replicas (0: at once, as the HorizontalPodAutoscaler does by default).",
+    )
+    scale_down_stabilization_window_seconds: Annotated[
+        int, Field(ge=0, le=MAX_STABILIZATION_SECONDS)
+    ] = Field(
+        300,
+        description="Seconds the signal must stay low before replicas are removed (the "
+        "HorizontalPodAutoscaler's default, 300): a short lull does not cost a server that "
+        "takes minutes to load its weights.",
+    )
+
+
+class AutoscalingSpec(ApiModel):
+    """Scale one role on what it is short of, between minReplicas and maxReplicas.
+
+    The operator renders an autoscaling/v2 HorizontalPodAutoscaler (engine hpa, reading the
+    signal as a per-pod custom metric a metrics adapter serves) or a KEDA ScaledObject (engine
+    keda, querying Prometheus), targeting the role's StatefulSet (or LeaderWorkerSet), and
+    leaves the role's replica count to it.
+    """
+
+    rules = (
+        CrossFieldRule(
+            field="minReplicas",
+            message="must not exceed maxReplicas: raise maxReplicas or lower minReplicas",
+            cel="(has(self.minReplicas) ? self.minReplicas : 1) <= self.maxReplicas",
+            check=lambda m: m.min_replicas <= m.max_replicas,
+        ),
+        CrossFieldRule(
+            field="target",
+            message="must be at most 1 for signal kvCacheUsage: vLLM reports KV cache usage as "
+            "a fraction (0.8 is 80%)",
+            cel="self.signal != 'kvCacheUsage' || double(self.target) <= 1.0",
+            check=lambda m: m.signal != "kvCacheUsage" or m.target <= 1,
+        ),
+        CrossFieldRule(
+            field="prometheusAddress",
+            message="engine keda queries Prometheus: set prometheusAddress (e.g. "
+            "http://prometheus-operated.monitoring.svc:9090); engine hpa reads the custom "
+            "metrics API instead: leave it unset",
+            cel=f"{_KEDA_CEL} == {_PROMETHEUS_CEL}",
+            check=lambda m: (m.engine == "keda") == (m.prometheus_address is not None),
+        ),
+        CrossFieldRule(
+            field="metricName",
+            message="is the custom metric the HorizontalPodAutoscaler reads (engine hpa): "
+            "leave it unset with engine keda",
+            cel=f"!{_KEDA_CEL} || !has(self.metricName)",
+            check=lambda m: m.engine != "keda" or m.metric_name is None,
+        ),
+    )
+
+    engine: AutoscalingEngine = Field(
+        "hpa",
+        description="hpa: an autoscaling/v2 HorizontalPodAutoscaler reading the signal as a "
+        "Pods custom metric (a metrics adapter such as prometheus-adapter must serve it, see "
+        "docs/observability.md). keda: a KEDA ScaledObject with a Prometheus trigger (KEDA "
+        "must be installed; set prometheusAddress).",
+    )
+    min_replicas: Annotated[int, Field(ge=1, le=64)] = Field(
+        1,
+        description="Fewest servers. At least 1: a role scaled to zero would drop every "
+        "request (the router needs a prefill and a decode).",
+    )
+    max_replicas: Annotated[int, Field(ge=1, le=64)] = Field(description="Most servers.")
+    signal: AutoscalingSignal = Field(
+        description="What the role is short of. Prefill: queueDepth (requests waiting per "
+        "server, vLLM's vllm:num_requests_waiting) or ttft (mean time to first token in "
+        "seconds, vllm:time_to_first_token_seconds). Decode: kvCacheUsage (fraction of the "
+        "KV cache in use per server, vllm:kv_cache_usage_perc, which counts the blocks decode "
+        "retains for conversations) or runningRequests (streams per server, "
+        "vllm:num_requests_running)."
+    )
+    target: Annotated[float, Field(gt=0, le=1_000_000)] = Field(
+        description="The signal's value per server the autoscaler keeps the role at: requests "
+        "for queueDepth and runningRequests, seconds for ttft, a fraction (at most 1) for "
+        "kvCacheUsage."
+    )
+    behavior: AutoscalingBehavior = Field(
+        default_factory=AutoscalingBehavior,
+        description="Stabilization windows for adding and removing replicas.",
+    )
+    metric_name: Annotated[str, StringConstraints(min_length=1, max_length=253)] | None = Field(
+        None,
+        description="Engine hpa: the name the metrics adapter serves the signal under. "
+        "Defaults to the vLLM series name with ':' as '_' (e.g. vllm_num_requests_waiting), "
+        "the names of the adapter rules in docs/observability.md.",
+    )
+    prometheus_address: (
+        Annotated[str, StringConstraints(pattern=PROMETHEUS_URL_PATTERN, max_length=2048)] | None
+    ) = Field(None, description="Engine keda: the Prometheus server KEDA queries.")
+
+
+REPLICAS_WITH_AUTOSCALING_MESSAGE = (
+    "must not be set together with autoscaling, which owns the replica count (between "
+    "autoscaling.minReplicas and maxReplicas): remove replicas. An object created while the "
+    "CRD defaulted it holds replicas: 1; remove it in the same change, e.g. kubectl patch "
+    'dmodel <name> --type=json -p \'[{"op": "remove", "path": "/spec/<role>/replicas"}]\''
+)
+"""Why a role takes a fixed replica count or an autoscaler, not both."""
+
+
 def _gpus_fit_one_pod(m: RoleSpec) -> bool:
     return m.nodes_per_replica > 1 or m.gpus_per_pod is None or m.gpus_per_pod >= m.world_size
 
@@ -443,17 +566,6 @@ def _gpus_match_ranks(m: RoleSpec) -> bool:
         or m.gpus_per_pod is None
         or m.gpus_per_pod * m.nodes_per_replica == m.world_size
     )
-
-
-DRAIN_DELAY_SECONDS = 5
-"""A leaving engine pod's preStop wait before vLLM gets SIGTERM: time for its endpoint's
-terminating condition to reach every router (and kube-proxy), so that no new request arrives
-once vLLM drains (it refuses new requests then)."""
-TEARDOWN_SECONDS = 10
-"""What a leaving engine pod's grace period keeps after vLLM's drain for vLLM's teardown."""
-DEFAULT_TERMINATION_GRACE_SECONDS = 120
-MIN_TERMINATION_GRACE_SECONDS = DRAIN_DELAY_SECONDS + TEARDOWN_SECONDS + 5
-MAX_TERMINATION_GRACE_SECONDS = 3600
 
 
 class RoleSpec(ApiModel):
@@ -512,6 +624,12 @@ class RoleSpec(ApiModel):
             check=lambda m: not any(var.name == ENGINE_API_KEY_ENV for var in m.env),
         ),
         CrossFieldRule(
+            field="replicas",
+            message=REPLICAS_WITH_AUTOSCALING_MESSAGE,
+            cel="!has(self.replicas) || !has(self.autoscaling)",
+            check=lambda m: m.replicas is None or m.autoscaling is None,
+        ),
+        CrossFieldRule(
             field="podLabels",
             message="must not set app.kubernetes.io/ labels: the operator owns them (selectors)",
             cel="!has(self.podLabels) || "
@@ -520,8 +638,17 @@ class RoleSpec(ApiModel):
         ),
     )
 
-    replicas: Annotated[int, Field(ge=0, le=64)] = Field(
-        1, description="Number of vLLM servers (groups of nodesPerReplica pods each)."
+    replicas: Annotated[int, Field(ge=0, le=64)] | None = Field(
+        None,
+        description="Number of vLLM servers (groups of nodesPerReplica pods each). Defaults "
+        "to 1; leave it unset with autoscaling, which then owns the count.",
+    )
+    autoscaling: AutoscalingSpec | None = Field(
+        None,
+        description="Scale this role on its signal between minReplicas and maxReplicas "
+        "instead of a fixed replicas. The operator then never sets the role's replica count "
+        "(its workload's spec.replicas belongs to the autoscaler) and repairs every other "
+        "field as before.",
     )
     tensor_parallel_size: Annotated[int, Field(ge=1, le=64)] = Field(
         1, description="Tensor parallel size of each server (--tensor-parallel-size)."
@@ -557,17 +684,6 @@ class RoleSpec(ApiModel):
     )
     max_num_seqs: Annotated[int, Field(ge=1, le=65536)] | None = Field(
         None, description="Maximum concurrent sequences (--max-num-seqs). Defaults to vLLM's."
-    )
-    termination_grace_period_seconds: Annotated[
-        int, Field(ge=MIN_TERMINATION_GRACE_SECONDS, le=MAX_TERMINATION_GRACE_SECONDS)
-    ] = Field(
-        DEFAULT_TERMINATION_GRACE_SECONDS,
-        description="Seconds a leaving pod (scale-down, rollout, eviction) has to drain, its "
-        "terminationGracePeriodSeconds: the router stops sending it new requests as soon as "
-        f"its endpoint is terminating, it waits {DRAIN_DELAY_SECONDS} s (preStop) for every "
-        "router to see that, then vLLM finishes the requests in flight (--shutdown-timeout: "
-        f"this less {DRAIN_DELAY_SECONDS + TEARDOWN_SECONDS} s) and decode releases the KV it "
-        "retains for conversations, whose next turns recompute on another decode.",
     )
     extra_args: list[Text] = Field(
         default_factory=list,
@@ -612,6 +728,14 @@ class RoleSpec(ApiModel):
     )
 
     @property
+    def fixed_replicas(self) -> int | None:
+        """The replica count the operator applies: `replicas` (1 when unset), None while
+        autoscaled."""
+        if self.autoscaling is not None:
+            return None
+        return self.replicas if self.replicas is not None else 1
+
+    @property
     def world_size(self) -> int:
         """Ranks (GPUs) of one server: tensor x pipeline parallel size."""
         return self.tensor_parallel_size * self.pipeline_parallel_size
@@ -627,12 +751,6 @@ class RoleSpec(ApiModel):
         if self.gpus_per_pod is not None:
             return self.gpus_per_pod
         return max(1, self.world_size // self.nodes_per_replica)
-
-    @property
-    def shutdown_timeout_seconds(self) -> int:
-        """vLLM's drain of a leaving pod (--shutdown-timeout): the grace period less the
-        preStop wait and the teardown."""
-        return self.termination_grace_period_seconds - DRAIN_DELAY_SECONDS - TEARDOWN_SECONDS
 
 
 class KvTransferSpec(ApiModel):
@@ -858,10 +976,53 @@ def _threshold_ok(spec: DisaggregatedModelSpec) -> bool:
     )
 
 
+def _signal_fits(spec: DisaggregatedModelSpec, role: str) -> bool:
+    autoscaling = getattr(spec, role).autoscaling
+    return autoscaling is None or autoscaling.signal in ROLE_SIGNALS[role]
+
+
+def _signal_rule(role: str) -> CrossFieldRule:
+    """A role's autoscaling signal must be one of what that role is short of."""
+    signals = ROLE_SIGNALS[role]
+    listed = "[" + ", ".join(f"'{signal}'" for signal in signals) + "]"
+    return CrossFieldRule(
+        field=f"{role}.autoscaling.signal",
+        message=f"{role} scales on {' or '.join(signals)}: pick one of them ("
+        + "; ".join(f"{r}: {', '.join(s)}" for r, s in ROLE_SIGNALS.items())
+        + ")",
+        cel=f"!has(self.{role}.autoscaling) || self.{role}.autoscaling.signal in {listed}",
+        check=lambda m: _signal_fits(m, role),
+    )
+
+
+ROLE_SIGNALS: dict[str, tuple[AutoscalingSignal, ...]] = {
+    "prefill": PREFILL_SIGNALS,
+    "decode": DECODE_SIGNALS,
+}
+
+
+class MonitoringSpec(ApiModel):
+    """Prometheus Operator objects that scrape the model's pods."""
+
+    pod_monitors: bool = Field(
+        False,
+        description="Render a PodMonitor (monitoring.coreos.com/v1) each for prefill, decode "
+        "and the router, scraping /metrics on their serving port (the Prometheus Operator's "
+        "CRDs must be installed). Prometheus must be allowed through the roles' NetworkPolicy: "
+        "add it to spec.prefill.allowedFrom and spec.decode.allowedFrom (and to "
+        "spec.router.allowedFrom when set).",
+    )
+    interval: Annotated[str, StringConstraints(pattern=r"^[0-9]+(ms|s|m|h)$", max_length=16)] = (
+        Field("30s", description="Scrape interval of the PodMonitors.")
+    )
+
+
 class DisaggregatedModelSpec(ApiModel):
     """Desired state of a prefill/decode disaggregated model."""
 
     rules = (
+        _signal_rule("prefill"),
+        _signal_rule("decode"),
         CrossFieldRule(
             field="router.conversationTtlSeconds",
             message="must be less than spec.kvTransfer.decoderKvBlocksTtlSeconds - "
@@ -913,6 +1074,10 @@ class DisaggregatedModelSpec(ApiModel):
         "credential, which only the router holds).",
     )
     efa: EfaSpec = Field(default_factory=EfaSpec, description="AWS EFA settings.")
+    monitoring: MonitoringSpec = Field(
+        default_factory=MonitoringSpec,
+        description="Prometheus scraping of the model's pods (PodMonitors).",
+    )
 
     @property
     def kv_backend(self) -> Backend:

@@ -120,6 +120,19 @@ LEGIT_EXTRA_ARGS = [
 """Extra args that are not a managed flag: vLLM options beside them, some sharing a prefix."""
 
 
+PREFILL_AUTOSCALING: dict[str, Any] = {"maxReplicas": 4, "signal": "queueDepth", "target": 4}
+"""A valid prefill autoscaling section: up to 4 servers, 4 requests waiting on each."""
+DECODE_AUTOSCALING: dict[str, Any] = {"maxReplicas": 4, "signal": "kvCacheUsage", "target": 0.8}
+"""A valid decode autoscaling section: up to 4 servers, each at most 80% of its KV cache used."""
+PROMETHEUS = "http://prometheus-operated.monitoring.svc:9090"
+KEDA_AUTOSCALING: dict[str, Any] = {
+    **DECODE_AUTOSCALING,
+    "engine": "keda",
+    "prometheusAddress": PROMETHEUS,
+}
+"""The decode section with KEDA querying Prometheus instead."""
+
+
 @dataclass(frozen=True)
 class InvalidSpec:
     """A spec patch that must be refused, blaming `path` (and saying `says`, when set)."""
@@ -162,11 +175,6 @@ INVALID_SPECS = [
     ),
     InvalidSpec(
         "tp-zero", {"prefill": {"tensorParallelSize": 0}}, "spec.prefill.tensorParallelSize"
-    ),
-    InvalidSpec(
-        "grace-period-shorter-than-the-drain",
-        {"decode": {"terminationGracePeriodSeconds": 10}},
-        "spec.decode.terminationGracePeriodSeconds",
     ),
     InvalidSpec("unknown-backend", {"kvTransfer": {"backend": "TCP"}}, "spec.kvTransfer.backend"),
     InvalidSpec(
@@ -228,6 +236,133 @@ INVALID_SPECS = [
     ),
     InvalidSpec("replicas-as-string", {"prefill": {"replicas": "2"}}, "spec.prefill.replicas"),
     InvalidSpec("replicas-as-bool", {"decode": {"replicas": True}}, "spec.decode.replicas"),
+    InvalidSpec(
+        "autoscaling-with-replicas",
+        {"prefill": {"replicas": 2, "autoscaling": PREFILL_AUTOSCALING}},
+        "spec.prefill.replicas",
+        cross_field=True,
+        says="remove replicas",
+    ),
+    InvalidSpec(
+        "autoscaling-min-above-max",
+        {"decode": {"autoscaling": {**DECODE_AUTOSCALING, "minReplicas": 5}}},
+        "spec.decode.autoscaling.minReplicas",
+        cross_field=True,
+        says="raise maxReplicas or lower minReplicas",
+    ),
+    InvalidSpec(
+        "autoscaling-min-zero",
+        {"prefill": {"autoscaling": {**PREFILL_AUTOSCALING, "minReplicas": 0}}},
+        "spec.prefill.autoscaling.minReplicas",
+    ),
+    InvalidSpec(
+        "autoscaling-without-max",
+        {"decode": {"autoscaling": {**DECODE_AUTOSCALING, "maxReplicas": DELETE}}},
+        "spec.decode.autoscaling.maxReplicas",
+    ),
+    InvalidSpec(
+        "autoscaling-without-signal",
+        {"prefill": {"autoscaling": {**PREFILL_AUTOSCALING, "signal": DELETE}}},
+        "spec.prefill.autoscaling.signal",
+    ),
+    InvalidSpec(
+        "autoscaling-without-target",
+        {"decode": {"autoscaling": {**DECODE_AUTOSCALING, "target": DELETE}}},
+        "spec.decode.autoscaling.target",
+    ),
+    InvalidSpec(
+        "autoscaling-target-zero",
+        {"prefill": {"autoscaling": {**PREFILL_AUTOSCALING, "target": 0}}},
+        "spec.prefill.autoscaling.target",
+    ),
+    InvalidSpec(
+        "autoscaling-target-as-string",
+        {"prefill": {"autoscaling": {**PREFILL_AUTOSCALING, "target": "4"}}},
+        "spec.prefill.autoscaling.target",
+    ),
+    InvalidSpec(
+        "autoscaling-unknown-signal",
+        {"prefill": {"autoscaling": {**PREFILL_AUTOSCALING, "signal": "cpu"}}},
+        "spec.prefill.autoscaling.signal",
+    ),
+    InvalidSpec(
+        "prefill-scaled-on-kv-cache-usage",
+        {
+            "prefill": {
+                "autoscaling": {**PREFILL_AUTOSCALING, "signal": "kvCacheUsage", "target": 0.8}
+            }
+        },
+        "spec.prefill.autoscaling.signal",
+        cross_field=True,
+        says="prefill scales on queueDepth or ttft",
+    ),
+    InvalidSpec(
+        "decode-scaled-on-queue-depth",
+        {"decode": {"autoscaling": {**DECODE_AUTOSCALING, "signal": "queueDepth", "target": 4}}},
+        "spec.decode.autoscaling.signal",
+        cross_field=True,
+        says="decode scales on kvCacheUsage or runningRequests",
+    ),
+    InvalidSpec(
+        "kv-cache-usage-target-above-one",
+        {"decode": {"autoscaling": {**DECODE_AUTOSCALING, "target": 80}}},
+        "spec.decode.autoscaling.target",
+        cross_field=True,
+        says="0.8 is 80%",
+    ),
+    InvalidSpec(
+        "keda-without-prometheus-address",
+        {"decode": {"autoscaling": {**DECODE_AUTOSCALING, "engine": "keda"}}},
+        "spec.decode.autoscaling.prometheusAddress",
+        cross_field=True,
+        says="set prometheusAddress",
+    ),
+    InvalidSpec(
+        "hpa-with-prometheus-address",
+        {"prefill": {"autoscaling": {**PREFILL_AUTOSCALING, "prometheusAddress": PROMETHEUS}}},
+        "spec.prefill.autoscaling.prometheusAddress",
+        cross_field=True,
+        says="leave it unset",
+    ),
+    InvalidSpec(
+        "keda-with-metric-name",
+        {"decode": {"autoscaling": {**KEDA_AUTOSCALING, "metricName": "kv"}}},
+        "spec.decode.autoscaling.metricName",
+        cross_field=True,
+        says="leave it unset with engine keda",
+    ),
+    InvalidSpec(
+        "autoscaling-unknown-engine",
+        {"prefill": {"autoscaling": {**PREFILL_AUTOSCALING, "engine": "vpa"}}},
+        "spec.prefill.autoscaling.engine",
+    ),
+    InvalidSpec(
+        "prometheus-address-not-a-url",
+        {"decode": {"autoscaling": {**KEDA_AUTOSCALING, "prometheusAddress": "prometheus"}}},
+        "spec.decode.autoscaling.prometheusAddress",
+    ),
+    InvalidSpec(
+        "scale-down-window-above-an-hour",
+        {
+            "decode": {
+                "autoscaling": {
+                    **DECODE_AUTOSCALING,
+                    "behavior": {"scaleDownStabilizationWindowSeconds": 3601},
+                }
+            }
+        },
+        "spec.decode.autoscaling.behavior.scaleDownStabilizationWindowSeconds",
+    ),
+    InvalidSpec(
+        "pod-monitors-as-string",
+        {"monitoring": {"podMonitors": "true"}},
+        "spec.monitoring.podMonitors",
+    ),
+    InvalidSpec(
+        "scrape-interval-without-unit",
+        {"monitoring": {"interval": "30"}},
+        "spec.monitoring.interval",
+    ),
     InvalidSpec(
         "bidirectional-as-string",
         {"kvTransfer": {"bidirectional": "yes"}},

@@ -30,7 +30,10 @@ def test_minimal_spec_gets_explicit_defaults() -> None:
     assert spec.kv_transfer.idle_timeout_seconds == 120
     assert spec.efa.enabled is True
     assert spec.efa.devices_per_pod == 16
-    assert (spec.prefill.replicas, spec.decode.replicas, spec.router.replicas) == (1, 1, 1)
+    assert (spec.prefill.fixed_replicas, spec.decode.fixed_replicas) == (1, 1)
+    assert (spec.prefill.replicas, spec.decode.replicas, spec.router.replicas) == (None, None, 1)
+    assert (spec.prefill.autoscaling, spec.decode.autoscaling) == (None, None)
+    assert spec.monitoring.pod_monitors is False
     assert spec.router.service_type == "ClusterIP"
 
 
@@ -105,6 +108,13 @@ def test_catalogue_is_large_and_covers_every_cross_field_rule() -> None:
         "spec.decode.env",
         "spec.prefill.podLabels",
         "spec.prefill.env[0].valueFrom",
+        "spec.prefill.replicas",
+        "spec.decode.autoscaling.minReplicas",
+        "spec.decode.autoscaling.target",
+        "spec.prefill.autoscaling.signal",
+        "spec.decode.autoscaling.signal",
+        "spec.decode.autoscaling.prometheusAddress",
+        "spec.decode.autoscaling.metricName",
     } <= blamed
 
 

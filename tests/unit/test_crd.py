@@ -93,7 +93,8 @@ def test_schema_is_structural() -> None:
             assert node.get("anyOf") == [{"type": "integer"}, {"type": "string"}], path
             continue
         assert "anyOf" not in node, path
-        assert node.get("type") in {"object", "array", "string", "integer", "boolean"}, path
+        types = {"object", "array", "string", "integer", "number", "boolean"}
+        assert node.get("type") in types, path
         if node.get("x-kubernetes-preserve-unknown-fields"):
             assert node["type"] == "object" and "properties" not in node, path
 
