@@ -85,7 +85,8 @@ MANAGED_FLAGS_MESSAGE = (
     "--tensor-parallel-size, -tp, --pipeline-parallel-size, -pp, --max-num-seqs, "
     "--enable-prefix-caching, --no-enable-prefix-caching, --disable-prefix-caching: this "
     "role's tensorParallelSize, pipelineParallelSize, maxNumSeqs, prefixCaching; --nnodes, -n, "
-    "--node-rank, -r, --master-addr, --headless: this role's nodesPerReplica) or drop it "
+    "--node-rank, -r, --master-addr, --headless: this role's nodesPerReplica; "
+    "--shutdown-timeout: this role's terminationGracePeriodSeconds) or drop it "
     "(--port, --api-key, --kv-transfer-config, "
     "--enable-prompt-tokens-details, --no-enable-prompt-tokens-details, "
     "--disable-prompt-tokens-details: the operator fixes them)"
@@ -568,6 +569,17 @@ def _gpus_match_ranks(m: RoleSpec) -> bool:
     )
 
 
+DRAIN_DELAY_SECONDS = 5
+"""A leaving engine pod's preStop wait before vLLM gets SIGTERM: time for its endpoint's
+terminating condition to reach every router (and kube-proxy), so that no new request arrives
+once vLLM drains (it refuses new requests then)."""
+TEARDOWN_SECONDS = 10
+"""What a leaving engine pod's grace period keeps after vLLM's drain for vLLM's teardown."""
+DEFAULT_TERMINATION_GRACE_SECONDS = 120
+MIN_TERMINATION_GRACE_SECONDS = DRAIN_DELAY_SECONDS + TEARDOWN_SECONDS + 5
+MAX_TERMINATION_GRACE_SECONDS = 3600
+
+
 class RoleSpec(ApiModel):
     """One serving role (prefill or decode): vLLM servers, each one pod of a StatefulSet, or
     with nodesPerReplica > 1 one group of pods of a LeaderWorkerSet."""
@@ -685,6 +697,17 @@ class RoleSpec(ApiModel):
     max_num_seqs: Annotated[int, Field(ge=1, le=65536)] | None = Field(
         None, description="Maximum concurrent sequences (--max-num-seqs). Defaults to vLLM's."
     )
+    termination_grace_period_seconds: Annotated[
+        int, Field(ge=MIN_TERMINATION_GRACE_SECONDS, le=MAX_TERMINATION_GRACE_SECONDS)
+    ] = Field(
+        DEFAULT_TERMINATION_GRACE_SECONDS,
+        description="Seconds a leaving pod (scale-down, rollout, eviction) has to drain, its "
+        "terminationGracePeriodSeconds: the router stops sending it new requests as soon as "
+        f"its endpoint is terminating, it waits {DRAIN_DELAY_SECONDS} s (preStop) for every "
+        "router to see that, then vLLM finishes the requests in flight (--shutdown-timeout: "
+        f"this less {DRAIN_DELAY_SECONDS + TEARDOWN_SECONDS} s) and decode releases the KV it "
+        "retains for conversations, whose next turns recompute on another decode.",
+    )
     extra_args: list[Text] = Field(
         default_factory=list,
         max_length=64,
@@ -751,6 +774,12 @@ class RoleSpec(ApiModel):
         if self.gpus_per_pod is not None:
             return self.gpus_per_pod
         return max(1, self.world_size // self.nodes_per_replica)
+
+    @property
+    def shutdown_timeout_seconds(self) -> int:
+        """vLLM's drain of a leaving pod (--shutdown-timeout): the grace period less the
+        preStop wait and the teardown."""
+        return self.termination_grace_period_seconds - DRAIN_DELAY_SECONDS - TEARDOWN_SECONDS
 
 
 class KvTransferSpec(ApiModel):

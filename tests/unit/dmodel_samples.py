@@ -176,6 +176,11 @@ INVALID_SPECS = [
     InvalidSpec(
         "tp-zero", {"prefill": {"tensorParallelSize": 0}}, "spec.prefill.tensorParallelSize"
     ),
+    InvalidSpec(
+        "grace-period-shorter-than-the-drain",
+        {"decode": {"terminationGracePeriodSeconds": 10}},
+        "spec.decode.terminationGracePeriodSeconds",
+    ),
     InvalidSpec("unknown-backend", {"kvTransfer": {"backend": "TCP"}}, "spec.kvTransfer.backend"),
     InvalidSpec(
         "one-pod-smaller-than-its-ranks",
