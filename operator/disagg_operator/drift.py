@@ -16,6 +16,9 @@ from kubernetes.utils.quantity import parse_quantity
 
 IGNORED_PATHS = frozenset({".metadata.ownerReferences"})
 """Compared separately: ownership decides whether the operator may apply at all."""
+QUANTITY_KEYS = (".averageValue",)
+"""Quantities outside `resources` (an autoscaler's target): the API server stores "0.8" as
+"800m"."""
 
 
 def _quantity(value: object) -> Decimal | None:
@@ -38,7 +41,7 @@ def _scalars_equal(want: object, have: object, path: str) -> bool:
         return True
     if have is None and _empty(want):
         return True
-    if ".resources." in path:
+    if ".resources." in path or path.endswith(QUANTITY_KEYS):
         quantity = _quantity(want)
         return quantity is not None and quantity == _quantity(have)
     return False

@@ -40,6 +40,7 @@ from disagg_operator.connector_config import (
     config_hash,
     config_map_data,
 )
+from disagg_operator.engine_metrics import SIGNALS, decimal_text, hpa_metric_name, role_selector
 from disagg_operator.errors import SpecError
 from disagg_operator.models import (
     DRAIN_DELAY_SECONDS,
@@ -47,6 +48,7 @@ from disagg_operator.models import (
     MAX_MULTI_NODE_NAME_LENGTH,
     MODEL_MOUNT_PATH,
     MULTI_NODE_NAME_MESSAGE,
+    AutoscalingSpec,
     DisaggregatedModelSpec,
     NetworkPeer,
     RedisUrlSecret,
@@ -58,6 +60,7 @@ from disagg_operator.models import (
 from disagg_operator.names import (
     COMPONENT_LABEL,
     CONFIG_HASH_ANNOTATION,
+    LABEL_PREFIX,
     ROLES,
     Component,
     child_name,
@@ -532,7 +535,7 @@ def _engine(
         workload = _render(
             "engine/leaderworkerset.yaml.j2",
             **common,
-            replicas=role.replicas,
+            replicas=role.fixed_replicas,
             startup_policy=LWS_STARTUP_POLICY,
             subdomain_policy=LWS_SUBDOMAIN_POLICY,
             max_unavailable=MAX_UNAVAILABLE,
@@ -546,9 +549,12 @@ def _engine(
             "engine/statefulset.yaml.j2",
             **common,
             selector=selector,
-            replicas=role.replicas,
+            replicas=role.fixed_replicas,
             pod_template=server,
         )
+    autoscaler = (
+        [] if role.autoscaling is None else [_autoscaler(namespace, component, role, workload)]
+    )
     return [
         _render(
             "engine/service.yaml.j2",
@@ -560,7 +566,93 @@ def _engine(
         _disruption_budget(name, namespace, component),
         _network_policy(name, namespace, component, _engine_ingress(name, spec, component, role)),
         workload,
+        *autoscaler,
     ]
+
+
+def _scale_target(workload: Manifest) -> dict[str, str]:
+    """A reference to a role's workload through its scale subresource."""
+    return {
+        "apiVersion": workload["apiVersion"],
+        "kind": workload["kind"],
+        "name": workload["metadata"]["name"],
+    }
+
+
+def _behavior(autoscaling: AutoscalingSpec) -> dict[str, Any]:
+    """The HorizontalPodAutoscaler behavior (KEDA passes it to the one it makes)."""
+    windows = autoscaling.behavior
+    return {
+        "scaleUp": {"stabilizationWindowSeconds": windows.scale_up_stabilization_window_seconds},
+        "scaleDown": {
+            "stabilizationWindowSeconds": windows.scale_down_stabilization_window_seconds
+        },
+    }
+
+
+def _autoscaler(
+    namespace: str, component: Component, role: RoleSpec, workload: Manifest
+) -> Manifest:
+    """The autoscaler of a role (its `autoscaling`): a HorizontalPodAutoscaler on the signal's
+    per-pod custom metric, or a KEDA ScaledObject querying Prometheus, either scaling the
+    role's workload through its scale subresource; named like the workload."""
+    autoscaling = role.autoscaling
+    assert autoscaling is not None
+    common = {
+        "name": workload["metadata"]["name"],
+        "namespace": namespace,
+        "labels": workload["metadata"]["labels"],
+        "target_ref": _scale_target(workload),
+        "min_replicas": autoscaling.min_replicas,
+        "max_replicas": autoscaling.max_replicas,
+        "behavior": _behavior(autoscaling),
+        "target": decimal_text(autoscaling.target),
+    }
+    if autoscaling.engine == "hpa":
+        return _render(
+            "autoscaling/horizontalpodautoscaler.yaml.j2",
+            **common,
+            metric=hpa_metric_name(autoscaling),
+        )
+    signal = SIGNALS[autoscaling.signal]
+    return _render(
+        "autoscaling/scaledobject.yaml.j2",
+        **common,
+        metric_type=signal.keda_metric_type,
+        server_address=autoscaling.prometheus_address,
+        query=signal.query(role_selector(namespace, workload["metadata"]["name"])),
+    )
+
+
+POD_TARGET_LABELS = [f"{LABEL_PREFIX}instance", COMPONENT_LABEL]
+"""Pod labels a PodMonitor copies onto every series it scrapes (as `app_kubernetes_io_*`),
+so that the dashboard tells models and roles apart."""
+
+
+def _pod_monitors(name: str, namespace: str, spec: DisaggregatedModelSpec) -> list[Manifest]:
+    """One PodMonitor per component (prefill, decode, router) scraping /metrics on the serving
+    port; a multi-node role's leaders only (its workers run no API server)."""
+    if not spec.monitoring.pod_monitors:
+        return []
+    monitors = []
+    for component in (*ROLES, Component.ROUTER):
+        selector = selector_labels(name, component)
+        role = spec.prefill if component is Component.PREFILL else spec.decode
+        if component in ROLES and role.multi_node:
+            selector = {**selector, LWS_WORKER_INDEX_LABEL: "0"}
+        monitors.append(
+            _render(
+                "monitoring/podmonitor.yaml.j2",
+                name=child_name(name, component),
+                namespace=namespace,
+                labels=labels(name, component),
+                selector=selector,
+                pod_target_labels=POD_TARGET_LABELS,
+                port=ENGINE_PORT_NAME,
+                interval=spec.monitoring.interval,
+            )
+        )
+    return monitors
 
 
 def _k8s_literal(value: str) -> str:
@@ -697,4 +789,5 @@ def render(name: str, namespace: str, spec: DisaggregatedModelSpec) -> list[Mani
         data=data,
     )
     engines = [m for role in ROLES for m in _engine(name, namespace, spec, role, hash_)]
-    return [config_map, *engines, *_router(name, namespace, spec)]
+    monitors = _pod_monitors(name, namespace, spec)
+    return [config_map, *engines, *_router(name, namespace, spec), *monitors]
