@@ -29,6 +29,7 @@ from disagg_operator.resources import (
     CHILD_RESOURCES,
     DISAGGREGATED_MODELS,
     EVENTS,
+    ON_REQUEST,
     PODS,
     ROLE_WORKLOADS,
     SECRETS,
@@ -50,7 +51,8 @@ READ = ["get", "list", "watch"]
 APPLY = [*READ, "create", "patch"]
 """Server-side apply is a PATCH that creates missing objects; children are deleted by the
 garbage collector (it follows their owner references), but for a role's workload the operator
-replaces by another kind."""
+replaces by another kind and the kinds rendered on request (autoscalers, PodMonitors) once the
+spec no longer asks for them."""
 
 
 def _rule(resources: Iterable[ApiResource], verbs: list[str], subresource: str = "") -> Rule:
@@ -75,8 +77,9 @@ def namespaced_rules() -> list[Rule]:
         _rule([DISAGGREGATED_MODELS], ["get", "patch"], subresource="status"),
         # Apply, watch and repair every child kind.
         *_by_group(CHILD_RESOURCES, APPLY),
-        # A role switched between one pod and several per server: its old workload goes.
-        *_by_group(ROLE_WORKLOADS, ["delete"]),
+        # A role switched between one pod and several per server: its old workload goes; an
+        # autoscaler or PodMonitor the spec no longer asks for goes.
+        *_by_group([*ROLE_WORKLOADS, *ON_REQUEST], ["delete"]),
         # Pod conditions explain why a role is not ready.
         _rule([PODS], READ),
         # By name only: do the Secrets the spec names exist, and each model's generated keys

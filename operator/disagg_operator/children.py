@@ -64,6 +64,16 @@ def controller_uid(live: Mapping[str, Any]) -> str | None:
     return None
 
 
+def owns_replicas(live: Mapping[str, Any], manager: str) -> bool:
+    """Whether `manager`'s server-side apply owns the live object's `spec.replicas`."""
+    for entry in live.get("metadata", {}).get("managedFields") or []:
+        applied = entry.get("manager") == manager and entry.get("operation") == "Apply"
+        fields = (entry.get("fieldsV1") or {}).get("f:spec") or {}
+        if applied and not entry.get("subresource") and "f:replicas" in fields:
+            return True
+    return False
+
+
 class Action(StrEnum):
     """What a child needs."""
 

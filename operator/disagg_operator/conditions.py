@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from disagg_operator.models import (
+    AutoscalingSpec,
     Condition,
     ConditionType,
     DisaggregatedModelSpec,
@@ -108,17 +109,30 @@ class _RoleView:
     message: str
 
 
-def _desired_replicas(spec: DisaggregatedModelSpec, component: Component) -> int:
-    if component is Component.PREFILL:
-        return spec.prefill.replicas
-    if component is Component.DECODE:
-        return spec.decode.replicas
-    return spec.router.replicas
+def _autoscaling(spec: DisaggregatedModelSpec, component: Component) -> AutoscalingSpec | None:
+    if component is Component.ROUTER:
+        return None
+    return (spec.prefill if component is Component.PREFILL else spec.decode).autoscaling
+
+
+def _desired_replicas(
+    spec: DisaggregatedModelSpec, component: Component, workload: Mapping[str, Any] | None
+) -> int:
+    """The replicas a component should have: the spec's, or for an autoscaled role what its
+    autoscaler last set on the workload (its minReplicas before the workload exists)."""
+    if component is Component.ROUTER:
+        return spec.router.replicas
+    role = spec.prefill if component is Component.PREFILL else spec.decode
+    if role.fixed_replicas is not None:
+        return role.fixed_replicas
+    assert role.autoscaling is not None
+    live = (workload or {}).get("spec", {}).get("replicas")
+    return int(live) if live is not None else role.autoscaling.min_replicas
 
 
 def _role_view(observed: Observed, component: Component) -> _RoleView:
-    desired = _desired_replicas(observed.spec, component)
     workload = observed.workloads.get(component)
+    desired = _desired_replicas(observed.spec, component, workload)
     if workload is None:
         return _RoleView(desired, 0, False, "NotCreated", f"{component}: workload not created yet")
     kind = workload.get("kind", "workload")
@@ -131,7 +145,15 @@ def _role_view(observed: Observed, component: Component) -> _RoleView:
         return _RoleView(
             desired, ready, False, "RolloutPending", f"{kind} change not yet seen by its controller"
         )
-    if ready >= desired and updated >= desired and int(status.get("replicas") or 0) == desired:
+    autoscaling = _autoscaling(observed.spec, component)
+    if autoscaling is not None:
+        # Serving while its autoscaler adds or removes servers: every server at the current
+        # template, and at least as many ready as the autoscaler may go down to.
+        floor = min(autoscaling.min_replicas, desired)
+        if ready >= floor and updated >= desired:
+            message = f"{ready}/{desired} ready (autoscaled, {floor} needed)"
+            return _RoleView(desired, ready, True, "AutoscaledReplicasReady", message)
+    elif ready >= desired and updated >= desired and int(status.get("replicas") or 0) == desired:
         return _RoleView(desired, ready, True, "AllReplicasReady", f"{ready}/{desired} ready")
     waiting = [p for p in observed.pods if p.component == component and not p.ready]
     why = f"; pod {waiting[0].name}: {waiting[0].detail}" if waiting else ""

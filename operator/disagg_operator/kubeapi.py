@@ -20,6 +20,9 @@ from disagg_operator.resources import ApiResource
 
 FIELD_MANAGER = "disagg-operator"
 """The one field manager of everything the operator applies."""
+HANDOVER_MANAGER = "disagg-operator-handover"
+"""Holds an autoscaled workload's replicas for its autoscaler (see `Reconciler`) until the
+autoscaler first changes them and so takes them over; never used for anything else."""
 
 USER_AGENT = "disagg-operator"
 APPLY_PATCH = "application/apply-patch+yaml"
@@ -95,18 +98,26 @@ class KubeApi:
                 return None
             raise
 
-    def apply(self, resource: ApiResource, manifest: dict[str, Any]) -> dict[str, Any]:
-        """Server-side apply `manifest` as the operator's field manager, forcing conflicts.
+    def apply(
+        self,
+        resource: ApiResource,
+        manifest: dict[str, Any],
+        field_manager: str = FIELD_MANAGER,
+        force: bool = True,
+    ) -> dict[str, Any]:
+        """Server-side apply `manifest` as `field_manager`, forcing conflicts unless `force`
+        is false (a conflict is then a 409).
 
         Call it only for objects the operator controls (see `children.decide`): forcing takes
         back fields a person changed by hand, which is the drift repair.
         """
         meta = manifest["metadata"]
+        query = [("fieldManager", field_manager)] + ([("force", "true")] if force else [])
         return self.request(
             "PATCH",
             resource.path(meta["namespace"], meta["name"]),
             body=manifest,
-            query=[("fieldManager", FIELD_MANAGER), ("force", "true")],
+            query=query,
             content_type=APPLY_PATCH,
         )
 

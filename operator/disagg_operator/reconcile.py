@@ -18,7 +18,15 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from disagg_operator.children import Action, Decision, adopt, controller_uid, decide, key
+from disagg_operator.children import (
+    Action,
+    Decision,
+    adopt,
+    controller_uid,
+    decide,
+    key,
+    owns_replicas,
+)
 from disagg_operator.conditions import (
     Observed,
     PodState,
@@ -28,7 +36,7 @@ from disagg_operator.conditions import (
 )
 from disagg_operator.connector_config import config_hash, config_map_data
 from disagg_operator.errors import SpecError
-from disagg_operator.kubeapi import ApiException, KubeApi
+from disagg_operator.kubeapi import FIELD_MANAGER, HANDOVER_MANAGER, ApiException, KubeApi
 from disagg_operator.loading import load_spec
 from disagg_operator.metrics import OperatorMetrics
 from disagg_operator.model_keys import ensure_model_keys
@@ -42,6 +50,7 @@ from disagg_operator.names import ROLES, Component, child_name
 from disagg_operator.render import render
 from disagg_operator.resources import (
     DISAGGREGATED_MODELS,
+    ON_REQUEST,
     ROLE_WORKLOADS,
     SECRETS,
     ApiResource,
@@ -58,6 +67,13 @@ COALESCE_DELAY_S = 0.5
 
 REFUSED_STATUSES = frozenset({400, 403, 404, 409, 422})
 """Apply errors a retry will not fix by itself: reported as Degraded (ApplyFailed)."""
+
+WITHOUT_KIND = {
+    "ScaledObject": "or set the role's autoscaling.engine to hpa",
+    "PodMonitor": "or set spec.monitoring.podMonitors to false",
+    "LeaderWorkerSet": "or set the role's nodesPerReplica to 1",
+}
+"""For each kind a CRD the cluster may lack defines: the spec change that does without it."""
 
 
 @dataclass(frozen=True)
@@ -355,6 +371,7 @@ class Reconciler:
         outcome = Outcome(problems=[*keys, *self._prerequisites(spec, meta["namespace"])])
         if not outcome.problems:
             replaced = self._delete_replaced(desired, current, uid, outcome)
+            self._delete_unrequested(desired, current, uid, outcome)
             self._apply_all([m for m in desired if key(m) not in replaced], current, uid, outcome)
         name = meta["name"]
         kinds = {key(m)[1]: key(m)[0] for m in desired}
@@ -439,6 +456,57 @@ class Reconciler:
                 )
         return waiting
 
+    def _delete_unrequested(
+        self,
+        desired: list[Manifest],
+        current: dict[ChildKey, Mapping[str, Any]],
+        uid: str,
+        outcome: Outcome,
+    ) -> None:
+        """Delete this model's children of the kinds rendered on request (autoscalers,
+        PodMonitors) that the spec no longer asks for: a role's autoscaler left behind would
+        fight the operator over a replica count the spec fixed again, or the other engine."""
+        wanted = {key(manifest) for manifest in desired}
+        kinds = {resource.kind: resource for resource in ON_REQUEST}
+        for child, live in list(current.items()):
+            resource = kinds.get(child[0])
+            meta = live.get("metadata", {})
+            if resource is None or child in wanted or controller_uid(live) != uid:
+                continue
+            if meta.get("deletionTimestamp"):
+                continue
+            self._api.delete(resource, meta["namespace"], child[1], meta["uid"])
+            self._memory.forget_child(uid, child)
+            current.pop(child)
+            self._log.info("deleted %s %s (no longer in the spec)", *child)
+            message = f"deleted {child[0]} {child[1]}: the spec no longer asks for it"
+            outcome.events.append(Event("Normal", "Deleted", message))
+
+    def _hand_over_replicas(self, resource: ApiResource, manifest: Manifest) -> None:
+        """Before a role's workload is first applied without replicas (the role became
+        autoscaled), move the live count to a field manager of its own while the operator's
+        still owns it.
+
+        Server-side apply resets a field its only manager stops applying: the role would
+        drop to one server until its autoscaler scaled it up again. Held by the handover
+        manager, the count stays; the autoscaler's first change of it takes it over.
+        """
+        meta = manifest["metadata"]
+        live = self._api.get(resource, meta["namespace"], meta["name"])
+        if live is None or not owns_replicas(live, FIELD_MANAGER):
+            return
+        replicas = live.get("spec", {}).get("replicas")
+        handover = {
+            "apiVersion": manifest["apiVersion"],
+            "kind": manifest["kind"],
+            "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
+            "spec": {"replicas": replicas},
+        }
+        self._api.apply(resource, handover, field_manager=HANDOVER_MANAGER, force=False)
+        self._log.info(
+            "handed %s %s's replicas (%s) over", manifest["kind"], meta["name"], replicas
+        )
+
     def _apply_all(
         self,
         desired: list[Manifest],
@@ -456,13 +524,15 @@ class Reconciler:
                 outcome.problems.append(Problem("ChildConflict", decision.detail))
                 continue
             label = f"{manifest['kind']} {manifest['metadata']['name']}"
+            resource = resource_of(manifest)
             try:
-                answer = self._api.apply(resource_of(manifest), manifest)
+                if decision.action is Action.UPDATE and _autoscaled_workload(manifest):
+                    self._hand_over_replicas(resource, manifest)
+                answer = self._api.apply(resource, manifest)
             except ApiException as exc:
                 if exc.status not in REFUSED_STATUSES:
                     raise
-                message = f"applying {label} failed: {_api_reason(exc)}"
-                outcome.problems.append(Problem("ApplyFailed", message))
+                outcome.problems.append(_apply_problem(resource, label, exc))
                 continue
             current[key(manifest)] = answer
             self._memory.wrote(uid, answer)
@@ -541,6 +611,24 @@ def secret_refs(spec: DisaggregatedModelSpec) -> list[tuple[str, SecretKeyRef | 
         refs.append(("spec.auth.apiKeySecret", spec.auth.api_key_secret))
         refs.append(("spec.auth.clientKeysSecret", spec.auth.client_keys_secret))
     return [(field_path, ref) for field_path, ref in refs if ref is not None]
+
+
+def _autoscaled_workload(manifest: Manifest) -> bool:
+    """A role's workload rendered without replicas: its autoscaler owns them."""
+    kinds = {resource.kind for resource in ROLE_WORKLOADS}
+    return manifest["kind"] in kinds and "replicas" not in manifest["spec"]
+
+
+def _apply_problem(resource: ApiResource, label: str, exc: ApiException) -> Problem:
+    """Why applying a child failed; a kind the cluster does not serve says what installs it."""
+    if exc.status == 404 and resource.provided_by:
+        crd = f"{resource.plural}.{resource.group}"
+        return Problem(
+            "KindNotInstalled",
+            f"cannot apply {label}: the cluster has no {resource.kind} (CRD {crd}): install "
+            f"{resource.provided_by}, {WITHOUT_KIND.get(resource.kind, 'or change the spec')}",
+        )
+    return Problem("ApplyFailed", f"applying {label} failed: {_api_reason(exc)}")
 
 
 def _other_workloads(kind: str) -> list[ApiResource]:

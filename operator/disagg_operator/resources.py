@@ -21,6 +21,8 @@ class ApiResource:
     version: str
     plural: str
     kind: str
+    provided_by: str = ""
+    """For a kind a CRD defines that clusters may lack: what installs it."""
 
     @property
     def api_version(self) -> str:
@@ -44,7 +46,11 @@ SERVICE_ACCOUNTS = ApiResource("", "v1", "serviceaccounts", "ServiceAccount")
 STATEFUL_SETS = ApiResource("apps", "v1", "statefulsets", "StatefulSet")
 DEPLOYMENTS = ApiResource("apps", "v1", "deployments", "Deployment")
 LEADER_WORKER_SETS = ApiResource(
-    "leaderworkerset.x-k8s.io", "v1", "leaderworkersets", "LeaderWorkerSet"
+    "leaderworkerset.x-k8s.io",
+    "v1",
+    "leaderworkersets",
+    "LeaderWorkerSet",
+    "the LeaderWorkerSet controller",
 )
 ROLES = ApiResource("rbac.authorization.k8s.io", "v1", "roles", "Role")
 ROLE_BINDINGS = ApiResource("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding")
@@ -54,6 +60,13 @@ PODS = ApiResource("", "v1", "pods", "Pod")
 SECRETS = ApiResource("", "v1", "secrets", "Secret")
 EVENTS = ApiResource("", "v1", "events", "Event")
 ENDPOINT_SLICES = ApiResource("discovery.k8s.io", "v1", "endpointslices", "EndpointSlice")
+HORIZONTAL_POD_AUTOSCALERS = ApiResource(
+    "autoscaling", "v2", "horizontalpodautoscalers", "HorizontalPodAutoscaler"
+)
+SCALED_OBJECTS = ApiResource("keda.sh", "v1alpha1", "scaledobjects", "ScaledObject", "KEDA")
+POD_MONITORS = ApiResource(
+    "monitoring.coreos.com", "v1", "podmonitors", "PodMonitor", "the Prometheus Operator"
+)
 DISAGGREGATED_MODELS = ApiResource(GROUP, VERSION, PLURAL, KIND)
 
 CHILD_RESOURCES = (
@@ -67,8 +80,16 @@ CHILD_RESOURCES = (
     STATEFUL_SETS,
     LEADER_WORKER_SETS,
     DEPLOYMENTS,
+    HORIZONTAL_POD_AUTOSCALERS,
+    SCALED_OBJECTS,
+    POD_MONITORS,
 )
 """Every kind `render` produces; the operator applies, watches and repairs them."""
+
+ON_REQUEST = (HORIZONTAL_POD_AUTOSCALERS, SCALED_OBJECTS, POD_MONITORS)
+"""The kinds `render` produces only when the spec asks (a role's autoscaler, the PodMonitors):
+the operator deletes its own once the spec no longer asks, so that no autoscaler it left keeps
+scaling a role the spec fixed (or another engine now scales)."""
 
 ROLE_WORKLOADS = (STATEFUL_SETS, LEADER_WORKER_SETS)
 """The kinds a serving role's servers take (one pod each, or one LeaderWorkerSet group each).
