@@ -1,7 +1,10 @@
 """The router's EndpointSlice discovery follows a real API server (watch, not poll).
 
-EndpointSlices are written directly (as the EndpointSlice controller would for ready pods),
-and the router's pools must follow: endpoints joining, turning unready, slices deleted.
+First EndpointSlices are written directly (as the EndpointSlice controller would for ready
+pods), and the router's pools must follow: endpoints joining, turning unready, slices deleted.
+Then the EndpointSlice controller itself publishes kwok pods behind a Service, and a pod being
+deleted (held terminating by a finalizer, as a real pod is held by its grace period) drains:
+still a member, never chosen, until it is gone.
 """
 
 from __future__ import annotations
@@ -16,6 +19,10 @@ from kubernetes import client
 from disagg_contract import Role
 from disagg_router.discovery.kubernetes import SERVICE_NAME_LABEL, EndpointSliceDiscovery
 from disagg_router.replicas import ReplicaPool
+from disagg_router.routing import Affinity, ConversationAffinity
+
+HOLD = "disagg.dev/test-hold"
+"""A finalizer of this test's: kwok deletes a pod at once, this keeps it terminating."""
 
 
 def endpoint_slice(name: str, service: str, ready: dict[str, bool]) -> client.V1EndpointSlice:
@@ -81,5 +88,85 @@ def test_pools_follow_endpoint_slices(
             await until(lambda: urls(prefill) == ["http://10.0.0.2:8200"], "a deleted slice")
         finally:
             await discovery.stop()
+
+    asyncio.run(scenario())
+
+
+def _decode_pod(name: str, hold: bool) -> client.V1Pod:
+    return client.V1Pod(
+        metadata=client.V1ObjectMeta(
+            name=name, labels={"app": "drain-decode"}, finalizers=[HOLD] if hold else None
+        ),
+        spec=client.V1PodSpec(
+            node_selector={"type": "kwok"},
+            containers=[
+                client.V1Container(
+                    name="vllm",
+                    image="fake",
+                    ports=[client.V1ContainerPort(name="http", container_port=8200)],
+                )
+            ],
+        ),
+    )
+
+
+def _drop_hold(core: client.CoreV1Api, namespace: str, name: str) -> None:
+    patch = {"metadata": {"finalizers": None}}
+    try:
+        core.patch_namespaced_pod(name, namespace, patch)
+    except client.ApiException as exc:
+        if exc.status != 404:
+            raise
+
+
+def test_a_pod_being_deleted_drains_out_of_the_pool_it_is_never_chosen_from(
+    k8s_api: client.ApiClient, kubeconfig: Path, namespace: str
+) -> None:
+    core = client.CoreV1Api(k8s_api)
+    service = client.V1Service(
+        metadata=client.V1ObjectMeta(name="m-decode"),
+        spec=client.V1ServiceSpec(
+            selector={"app": "drain-decode"},
+            ports=[client.V1ServicePort(name="http", port=8200, target_port="http")],
+        ),
+    )
+    core.create_namespaced_service(namespace, service)
+    for name, hold in (("decode-leaving", True), ("decode-staying", False)):
+        core.create_namespaced_pod(namespace, _decode_pod(name, hold))
+
+    def url_of(name: str) -> str:
+        status = core.read_namespaced_pod(name, namespace).status
+        assert status is not None and status.pod_ip, f"{name} has an IP once it is ready"
+        return f"http://{status.pod_ip}:8200"
+
+    async def scenario() -> None:
+        decode = ReplicaPool(Role.DECODE, 1.0, 5.0)
+        discovery = EndpointSliceDiscovery(namespace, {"m-decode": decode}, "http", str(kubeconfig))
+        await discovery.start()
+        routing = ConversationAffinity(slack=2)
+        try:
+            await until(lambda: len(decode.available()) == 2, "both kwok pods ready", 60)
+            leaving = await asyncio.to_thread(url_of, "decode-leaving")
+            staying = await asyncio.to_thread(url_of, "decode-staying")
+            kept = routing.choose(decode, leaving)
+            assert (kept.replica and kept.replica.url, kept.affinity) == (leaving, Affinity.KEPT)
+
+            await asyncio.to_thread(core.delete_namespaced_pod, "decode-leaving", namespace)
+            await until(lambda: [r.url for r in decode.draining()] == [leaving], "draining")
+            assert urls(decode) == sorted([leaving, staying]), "still a member while it drains"
+            moved = routing.choose(decode, leaving)
+            assert (moved.replica and moved.replica.url, moved.affinity) == (
+                staying,
+                Affinity.DRAINING,
+            )
+            chosen = {routing.choose(decode).replica for _ in range(6)}
+            assert {r.url for r in chosen if r is not None} == {staying}, "no new request"
+
+            await asyncio.to_thread(_drop_hold, core, namespace, "decode-leaving")
+            await until(lambda: urls(decode) == [staying], "the deleted pod gone")
+            assert decode.draining() == []
+        finally:
+            await discovery.stop()
+            await asyncio.to_thread(_drop_hold, core, namespace, "decode-leaving")
 
     asyncio.run(scenario())
