@@ -144,6 +144,7 @@ class DisaggConnectorScheduler(NixlPullConnectorScheduler):
         self._retained_requests: set[str] = set()
         self._idle_waiter = EngineInputWaiter.from_env()
         self._engine_core = find_engine_core()
+        self._released_for_shutdown = False
         if self._idle_waiter is not None:
             logger.info(
                 "Idle steps holding only retained KV wait up to %.0f ms for input",
@@ -218,6 +219,19 @@ class DisaggConnectorScheduler(NixlPullConnectorScheduler):
         """Whether vLLM's engine core was asked to shut down (it drains, then exits)."""
         is_running = getattr(self._engine_core, "is_running", None)
         return callable(is_running) and not is_running()
+
+    def _release_for_shutdown(self) -> None:
+        """Decode, engine shutting down: release every retention (logged once)."""
+        assert self.retentions is not None
+        if not self._released_for_shutdown:
+            self._released_for_shutdown = True
+            logger.info(
+                "Engine shutting down: releasing the %d retained requests' KV (%d blocks); "
+                "their conversations recompute on another decode",
+                len(self.retentions),
+                self.retentions.held_blocks(),
+            )
+        self.retentions.release_all(FreeReason.SHUTDOWN)
 
     @override
     def shutdown(self) -> None:
@@ -567,8 +581,13 @@ class DisaggConnectorScheduler(NixlPullConnectorScheduler):
         if self.costs is not None:
             self._note_scheduled(scheduler_output)
         # Wait first, then free: what comes due during the wait reaches the worker this step.
+        # A shutdown waits for nothing: it releases everything and steps until vLLM may exit.
+        shutting_down = self.retentions is not None and self._shutting_down()
+        if shutting_down:
+            self._release_for_shutdown()
         if (
             self._idle_waiter is not None
+            and not shutting_down
             and self._retained_requests
             and not self._live_requests
             and not self._reqs_need_recv
@@ -579,8 +598,6 @@ class DisaggConnectorScheduler(NixlPullConnectorScheduler):
                 self.retentions.seconds_until_due() if self.retentions is not None else None
             )
         if self.retentions is not None:
-            if self._shutting_down():
-                self.retentions.release_all(FreeReason.SHUTDOWN)
             self._free_due(scheduler_output)
         return super().build_connector_meta(scheduler_output)
 
