@@ -72,6 +72,9 @@ class ServerSpec:
     read_decision: ReadDecision = ReadDecision.THRESHOLD
     """Prefill's read decision; the rig reads at every threshold's worth by default, so that
     tests and benchmarks exercise the read itself."""
+    shutdown_timeout_s: int | None = None
+    """vLLM's drain on SIGTERM (``--shutdown-timeout``, as the operator renders it from the
+    grace period); None: vLLM's default, which aborts the requests in flight."""
 
     @property
     def lease_port(self) -> int:
@@ -148,6 +151,8 @@ class EngineServer:
         ]  # fmt: skip
         if self.spec.role == Role.PREFILL:
             vllm_args.append("--no-enable-prefix-caching")
+        if self.spec.shutdown_timeout_s is not None:
+            vllm_args += ["--shutdown-timeout", str(self.spec.shutdown_timeout_s)]
         inside = ["ip", "netns", "exec", self.netns] if self.netns else []
         return [
             *inside,
