@@ -2,7 +2,7 @@
 engine stand-ins: a decode replica whose endpoint turns terminating finishes its stream in
 flight, takes no new turn, is not health-checked, and each conversation whose KV it holds moves
 on its next turn to another decode as a clean recompute (no D->P read from the leaving pod),
-with its lease released as drained."""
+with its lease released as drained; a draining prefill takes no new prefill."""
 
 from __future__ import annotations
 
@@ -138,3 +138,16 @@ def test_a_draining_decode_is_not_health_checked_and_counts_as_unavailable() -> 
         response = ask(client, "c", "anyone there")
         assert response.status_code == 503
         assert client.get("/health").status_code == 503, "only a draining decode is left"
+
+
+def test_a_draining_prefill_takes_no_new_prefill() -> None:
+    with (
+        router_rig(prefills=2, decodes=1) as rig,
+        httpx.Client(base_url=rig.routers[0].url) as client,
+    ):
+        leaving, staying = rig.prefill
+        pool = rig.routers[0].app_state().prefill
+        pool.set_urls([engine.url for engine in rig.prefill], draining=[leaving.url])
+        for index in range(4):
+            assert ask(client, f"c{index}", "question").status_code == 200
+        assert (len(leaving.state.received), len(staying.state.received)) == (0, 4)
