@@ -27,14 +27,19 @@ class Answer:
 
 
 def ask(
-    router: RouterProcess, conversation: str | None, messages: list[dict[str, str]], stream: bool
+    router: RouterProcess,
+    conversation: str | None,
+    messages: list[dict[str, str]],
+    stream: bool,
+    max_tokens: int = ANSWER_TOKENS,
 ) -> Answer:
-    """Send one greedy chat turn through ``router`` (a one-shot request without a conversation)."""
+    """Send one greedy chat turn of ``max_tokens`` through ``router`` (a one-shot request
+    without a conversation)."""
     request_id = f"router-{uuid.uuid4().hex[:12]}"
     body: dict[str, Any] = {
         "model": MODEL_NAME,
         "messages": messages,
-        "max_tokens": ANSWER_TOKENS,
+        "max_tokens": max_tokens,
         "temperature": 0.0,
         "ignore_eos": True,
         "return_token_ids": True,

@@ -29,7 +29,7 @@ import pytest
 import yaml
 
 from conftest import DECODE_CORE, MODEL_DIR, Rig
-from conversations import user_text
+from conversations import ANSWER_TOKENS, user_text
 from disagg.rig.engine import EngineServer, ServerSpec, start_all
 from disagg.rig.router import RouterProcess
 from disagg_contract import (
@@ -147,13 +147,13 @@ class Chat:
         self.messages: list[dict[str, str]] = [SYSTEM]
         self.answers: list[Answer] = []
 
-    def turn(self, words: int) -> tuple[Answer, float]:
+    def turn(self, words: int, max_tokens: int = ANSWER_TOKENS) -> tuple[Answer, float]:
         seed = self.seed + len(self.answers)
         if self.answers:
             self.messages.append({"role": "assistant", "content": self.answers[-1].text})
         self.messages.append({"role": "user", "content": user_text(seed, words)})
         started = time.monotonic()
-        answer = ask(self.router, self.conversation, self.messages, stream=True)
+        answer = ask(self.router, self.conversation, self.messages, True, max_tokens)
         self.answers.append(answer)
         return answer, time.monotonic() - started
 
