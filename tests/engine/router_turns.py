@@ -1,17 +1,26 @@
-"""Chat turns through a router as a client sends them, and how two runs' answers compare."""
+"""Chat turns through a router as a client sends them, how two runs' answers compare, and a
+router served in the test's own process."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import threading
+import time
 import uuid
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 import httpx
+import uvicorn
 
 from conversations import ANSWER_TOKENS, LOGPROB_TOLERANCE
 from disagg.rig.engine import MODEL_NAME
-from disagg.rig.router import RouterProcess
+from disagg.rig.router import RouterProcess, free_port
+from disagg_contract import Role
+from disagg_router.app import create_app
+from disagg_router.config import RouterConfig
 
 SYSTEM = {"role": "system", "content": "Answer tersely."}
 
@@ -94,3 +103,60 @@ def assert_same(on: list[Answer], off: list[Answer]) -> None:
     for index, (a, b) in enumerate(zip(on, off, strict=True)):
         assert a.token_ids == b.token_ids, f"turn {index + 1}: answers differ"
         assert abs(a.first_logprob - b.first_logprob) <= LOGPROB_TOLERANCE, f"turn {index + 1}"
+
+
+@dataclass
+class RouterThread:
+    """``disagg router``'s app on its own event loop on a thread of the test's process: the
+    test changes the pools' membership on that loop, as the router's EndpointSlice discovery
+    does (e.g. a decode whose endpoint turns terminating)."""
+
+    app: Any
+    server: uvicorn.Server
+    loop: asyncio.AbstractEventLoop
+    thread: threading.Thread
+    url: str
+
+    @classmethod
+    def start(cls, prefill: list[str], decode: list[str], **overrides: Any) -> RouterThread:
+        """Serve a router over ``prefill`` and ``decode`` (static discovery) until ``stop``;
+        ``overrides`` patch its config."""
+        base = RouterConfig(
+            prefill_urls=tuple(prefill),
+            decode_urls=tuple(decode),
+            health_interval_s=0.5,
+            health_max_backoff_s=2.0,
+        )
+        app = create_app(replace(base, **overrides).validate())
+        port = free_port()
+        config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning")
+        server = uvicorn.Server(config)
+        loop = asyncio.new_event_loop()
+        thread = threading.Thread(
+            target=loop.run_until_complete, args=(server.serve(),), daemon=True
+        )
+        router = cls(app, server, loop, thread, f"http://127.0.0.1:{port}")
+        thread.start()
+        deadline = time.monotonic() + 60
+        while not server.started:
+            if time.monotonic() > deadline or not thread.is_alive():
+                router.stop()
+                raise RuntimeError("the router thread did not start")
+            time.sleep(0.05)
+        return router
+
+    def set_members(self, role: Role, urls: Sequence[str], draining: Sequence[str] = ()) -> None:
+        """Make ``urls`` the members of ``role``'s pool, ``draining`` ones leaving, on the
+        router's loop (what discovery hands the pool when EndpointSlices change)."""
+        pool = self.app.state.prefill if role is Role.PREFILL else self.app.state.decode
+
+        async def apply() -> None:
+            pool.set_urls(urls, draining)
+
+        asyncio.run_coroutine_threadsafe(apply(), self.loop).result(timeout=10)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=20)
+        if not self.thread.is_alive():
+            self.loop.close()

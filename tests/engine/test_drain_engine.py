@@ -26,10 +26,10 @@ import pytest
 
 from conftest import DECODE_CORE, MODEL_DIR, Rig
 from disagg.rig.engine import EngineServer, ServerSpec, start_all
-from disagg.rig.router import RouterProcess, RouterThread
+from disagg.rig.router import RouterProcess
 from disagg_contract import DEFAULT_IDLE_TIMEOUT_S, Role, lease_term_s
 from probes import counter, metric
-from router_turns import assert_same
+from router_turns import RouterThread, assert_same
 from test_leases_router_engine import Chat, read_tokens
 
 pytestmark = pytest.mark.engine
