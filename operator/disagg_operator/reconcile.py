@@ -374,7 +374,9 @@ class Reconciler:
             self._delete_unrequested(desired, current, uid, outcome)
             self._apply_all([m for m in desired if key(m) not in replaced], current, uid, outcome)
         name = meta["name"]
-        kinds = {key(m)[1]: key(m)[0] for m in desired}
+        # A role's workload by its name (its autoscaler shares that name).
+        workload_kinds = {resource.kind for resource in ROLE_WORKLOADS}
+        kinds = {key(m)[1]: key(m)[0] for m in desired if m["kind"] in workload_kinds}
         workloads = {
             role: current.get((kinds[child_name(name, role)], child_name(name, role)))
             for role in ROLES

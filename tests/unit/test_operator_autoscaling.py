@@ -146,6 +146,20 @@ def test_an_autoscaled_role_is_created_without_replicas_and_its_count_is_left_al
     assert api.objects[("StatefulSet", "m-decode")]["spec"]["replicas"] == 3
 
 
+def test_the_role_is_read_from_its_workload_not_from_its_autoscaler_of_the_same_name() -> None:
+    api = ApplyStandIn()
+    reconciler = Reconciler(cast(KubeApi, api))
+    _pass(api, reconciler, SCALED_DECODE)
+    for child, live in api.objects.items():
+        if child[0] in WORKLOAD_KINDS:
+            replicas = live["spec"]["replicas"]
+            live["status"] = {"observedGeneration": 0, "readyReplicas": replicas,
+                              "updatedReplicas": replicas, "replicas": replicas}  # fmt: skip
+    outcome = _pass(api, reconciler, SCALED_DECODE)
+    decode = next(c for c in outcome.status.conditions if c.type == "DecodeReady")
+    assert (decode.status, decode.reason) == ("True", "AutoscaledReplicasReady")
+
+
 def test_turning_autoscaling_on_hands_the_live_count_over_first() -> None:
     api = ApplyStandIn()
     reconciler = Reconciler(cast(KubeApi, api))
