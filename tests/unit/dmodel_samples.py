@@ -133,6 +133,11 @@ KEDA_AUTOSCALING: dict[str, Any] = {
 """The decode section with KEDA querying Prometheus instead."""
 
 
+def _without(section: dict[str, Any], key: str) -> dict[str, Any]:
+    """A copy of `section` lacking `key`."""
+    return {k: v for k, v in section.items() if k != key}
+
+
 @dataclass(frozen=True)
 class InvalidSpec:
     """A spec patch that must be refused, blaming `path` (and saying `says`, when set)."""
@@ -262,17 +267,17 @@ INVALID_SPECS = [
     ),
     InvalidSpec(
         "autoscaling-without-max",
-        {"decode": {"autoscaling": {**DECODE_AUTOSCALING, "maxReplicas": DELETE}}},
+        {"decode": {"autoscaling": _without(DECODE_AUTOSCALING, "maxReplicas")}},
         "spec.decode.autoscaling.maxReplicas",
     ),
     InvalidSpec(
         "autoscaling-without-signal",
-        {"prefill": {"autoscaling": {**PREFILL_AUTOSCALING, "signal": DELETE}}},
+        {"prefill": {"autoscaling": _without(PREFILL_AUTOSCALING, "signal")}},
         "spec.prefill.autoscaling.signal",
     ),
     InvalidSpec(
         "autoscaling-without-target",
-        {"decode": {"autoscaling": {**DECODE_AUTOSCALING, "target": DELETE}}},
+        {"decode": {"autoscaling": _without(DECODE_AUTOSCALING, "target")}},
         "spec.decode.autoscaling.target",
     ),
     InvalidSpec(
