@@ -114,6 +114,7 @@ class Request:
     method: str
     path: str
     query: str
+    body: bytes = b""
 
 
 @dataclass
@@ -181,11 +182,10 @@ class ApiProxy:
         await self._session.close()
 
     async def _forward(self, request: web.Request) -> web.StreamResponse:
-        self.requests.append(
-            Request(time.monotonic(), request.method, request.path, request.query_string)
-        )
+        at = time.monotonic()
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}
         body = await request.read()
+        self.requests.append(Request(at, request.method, request.path, request.query_string, body))
         async with self._session.request(
             request.method,
             self._upstream + request.path_qs,
