@@ -9,9 +9,8 @@ decode, the leases of conversations that had a turn within the idle timeout; it 
 conversation idle past that timeout (and drops its stored entry: the next turn recomputes), one
 held on a decode replica that is draining (likewise), one whose entry outlived its expiry, one
 its store evicted, one the client closed, and the lease a turn took once the turn committed a
-new one. A renewal's ``gone`` names leases decode no longer
-holds (freed under memory pressure, or read by a turn another router served); those are dropped
-with their entry.
+new one. A renewal's ``gone`` names leases decode no longer holds (freed under memory pressure,
+or read by a turn another router served); those are dropped with their entry.
 
 No turn waits for a lease call: releases are queued and sent by a background task, renewals run
 in another, each call within ``LEASE_CALL_TIMEOUT_S``, and a failed call is only counted (decode

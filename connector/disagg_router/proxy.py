@@ -226,9 +226,9 @@ class ProxyService:
             # 3. Decode with prefill's params (decode reads prefill's blocks: P->D), on the
             #    previous turn's replica while it is kept (its prefix cache holds the
             #    conversation; a draining one is not kept); an unreachable replica is replaced
-            #    once. Decode retains the
-            #    turn's KV only for a turn the router can commit as the conversation's entry.
-            #    The answer counts as outstanding on its replica until stage 4 releases it.
+            #    once. Decode retains the turn's KV only for a turn the router can commit as the
+            #    conversation's entry. The answer counts as outstanding on its replica until
+            #    stage 4 releases it.
             choice = self._decode_routing.choose(
                 self._decode, start.previous_decode if start is not None else None
             )
