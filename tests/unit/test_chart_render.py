@@ -34,11 +34,15 @@ SETUPS = {
         "metrics.serviceMonitor.labels.release=prom",
         "metrics.port=9400",
     ),
+    "model-dashboard-and-alerts": (
+        "monitoring.grafanaDashboard.enabled=true",
+        "monitoring.prometheusRule.enabled=true",
+    ),
 }
 # Custom resources, which the Kubernetes schema does not know: kopf's peering objects (their
 # CRDs are validated here as CustomResourceDefinitions) and the Prometheus Operator's
-# ServiceMonitor. Only these kinds, by name, skip schema validation.
-CUSTOM_KINDS = {"KopfPeering", "ClusterKopfPeering", "ServiceMonitor"}
+# ServiceMonitor and PrometheusRule. Only these kinds, by name, skip schema validation.
+CUSTOM_KINDS = {"KopfPeering", "ClusterKopfPeering", "ServiceMonitor", "PrometheusRule"}
 ALL_NAMESPACE_KINDS = {"ClusterRole", "ClusterRoleBinding", "ClusterKopfPeering"}
 
 
@@ -213,8 +217,10 @@ def test_rules_hold_no_wildcards_and_delete_only_workloads() -> None:
         assert "*" not in rule["verbs"] + rule["resources"] + rule["apiGroups"], rule
         assert not {"deletecollection", "escalate", "bind", "impersonate"} & set(rule["verbs"])
         if "delete" in rule["verbs"]:
-            assert rule["verbs"] == ["delete"], "only a replaced workload is deleted"
-            assert set(rule["resources"]) <= {"statefulsets", "leaderworkersets"}, rule
+            assert rule["verbs"] == ["delete"], "only a replaced or unrequested child is deleted"
+            deletable = {"statefulsets", "leaderworkersets", "horizontalpodautoscalers",
+                         "scaledobjects", "podmonitors"}  # fmt: skip
+            assert set(rule["resources"]) <= deletable, rule
         if "secrets" in rule["resources"]:
             assert set(rule["verbs"]) <= {"get", "create"}, "never listed, watched or rewritten"
             assert rule["resources"] == ["secrets"], "rbac.readSecrets drops this whole rule"
