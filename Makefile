@@ -1,6 +1,6 @@
 # disagg: every target sets up what it needs itself.
 #   make demo   - the main job on a local default
-#   make test   - lint + unit + cluster + engine tests (make test-e2e: tests on the real node)
+#   make test   - lint + unit + cluster + engine tests + e2e tests on the real node
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
@@ -35,7 +35,7 @@ crds: venv
 test-unit: venv
 	$(BIN)/pytest tests/unit
 
-test: lint test-unit test-cluster test-engine
+test: lint test-unit test-cluster test-engine test-e2e
 
 ## ---- Cluster -----------------------------------------------------------------
 # A real control plane (kube-apiserver, controller-manager, scheduler, etcd) built from pinned

