@@ -23,7 +23,7 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 
-from disagg_operator.engine_metrics import VLLM_SERIES
+from disagg_operator.engine_metrics import SIGNALS, VLLM_SERIES
 from disagg_operator.render import POD_TARGET_LABELS
 from disagg_router.metrics import RouterMetrics
 from helm_chart import CHART, by_kind, template
@@ -237,3 +237,54 @@ def test_the_chart_ships_the_dashboard_for_grafanas_sidecar() -> None:
     assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
     assert config_map["metadata"]["annotations"] == {"grafana_folder": "serving"}
     assert json.loads(config_map["data"]["disagg.json"]) == dashboard()
+
+
+ADAPTER_RULES = REPO / "deploy" / "prometheus-adapter" / "rules.yaml"
+
+
+def _adapter_rules() -> list[dict[str, Any]]:
+    rules: list[dict[str, Any]] = yaml.safe_load(ADAPTER_RULES.read_text())["rules"]
+    return rules
+
+
+def _selects(rule: dict[str, Any], series: str) -> bool:
+    """Whether the rule's seriesQuery selects the scraped series `series`."""
+    query = rule["seriesQuery"]
+    exact = re.search(r'__name__="([^"]+)"', query)
+    pattern = re.search(r'__name__=~"([^"]+)"', query)
+    if exact:
+        return exact.group(1) == series
+    return pattern is not None and re.fullmatch(pattern.group(1), series) is not None
+
+
+def _served(series: str) -> set[str]:
+    """The custom metric names the adapter rules serve a scraped series under."""
+    served = set()
+    for rule in _adapter_rules():
+        renamed = re.fullmatch(rule["name"]["matches"], series)
+        if _selects(rule, series) and renamed:
+            served.add(renamed.expand(re.sub(r"\$\{(\d+)\}", r"\\g<\1>", rule["name"]["as"])))
+    return served
+
+
+@pytest.mark.parametrize("signal", sorted(SIGNALS), ids=str)
+def test_the_adapter_rules_serve_every_signal_under_the_hpa_default_name(signal: str) -> None:
+    series = SIGNALS[signal].series  # type: ignore[index]
+    scraped = series.name + ("_count" if series.type == "histogram" else "")
+    assert SIGNALS[signal].hpa_metric in _served(scraped)  # type: ignore[index]
+
+
+def test_the_adapter_queries_read_exported_series_only() -> None:
+    scraped = sorted(known()[0])
+    for rule in _adapter_rules():
+        selected = [name for name in scraped if _selects(rule, name)]
+        assert selected, rule["seriesQuery"]
+        for series in selected:
+            query = (
+                rule["metricsQuery"]
+                .replace("<<.Series>>", series)
+                .replace("<<.LabelMatchers>>", 'pod="p"')
+                .replace("<<.GroupBy>>", "pod")
+            )
+            for name in metric_names(query):
+                assert is_exported(name), (name, rule["metricsQuery"])
