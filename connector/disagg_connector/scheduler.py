@@ -113,6 +113,11 @@ def prompt_inputs(request: Request) -> PromptInputs:
     return PromptInputs(request.cache_salt, adapter, items)
 
 
+def _remote_engine(params: dict[str, Any] | None) -> str:
+    """The engine id an offer's ``params`` name: the engine its KV would be read from."""
+    return str((params or {}).get("remote_engine_id"))
+
+
 class DisaggConnectorScheduler(NixlPullConnectorScheduler):
     """vLLM's NIXL pull scheduler with signed offers and verified-prefix reuse of decode's KV."""
 
@@ -344,8 +349,7 @@ class DisaggConnectorScheduler(NixlPullConnectorScheduler):
             return True
         decision = self._decisions.get(request.request_id)
         if decision is None:
-            params = request.kv_transfer_params or {}
-            engine = str(params.get("remote_engine_id"))
+            engine = _remote_engine(request.kv_transfer_params)
             decision = self.costs.decide(count, num_computed_tokens, engine)
             self._decisions[request.request_id] = decision
             self.reuse_stats.record_decision(decision.choice)
@@ -434,7 +438,7 @@ class DisaggConnectorScheduler(NixlPullConnectorScheduler):
             "D->P offer for %s from engine %s: %s, offered %d tokens, usable %d, verified %d, "
             "rejected %d",
             request.request_id,
-            params.get("remote_engine_id"),
+            _remote_engine(params),
             plan.verdict.value,
             plan.offered_tokens,
             plan.usable_tokens,
@@ -451,11 +455,10 @@ class DisaggConnectorScheduler(NixlPullConnectorScheduler):
         self._decisions.pop(request.request_id, None)
         plan = self._plans.pop(request.request_id, None)
         if plan is not None and num_external_tokens and self.costs is not None:
-            params = request.kv_transfer_params or {}
             self._reading[request.request_id] = (
                 time.perf_counter(),
                 num_external_tokens,
-                str(params.get("remote_engine_id")),
+                _remote_engine(request.kv_transfer_params),
             )
         if plan is not None:
             self.reuse_stats.record_verdict(Direction.DECODE_TO_PREFILL, plan.verdict)
