@@ -9,6 +9,7 @@ import asyncio
 import copy
 from typing import Any, cast
 
+from api_standin import StoreStandIn
 from disagg_operator.children import Action, adopt, decide, key, owns_replicas
 from disagg_operator.conditions import Observed, build_status
 from disagg_operator.kubeapi import FIELD_MANAGER, HANDOVER_MANAGER, ApiException, KubeApi
@@ -35,7 +36,7 @@ def _owner(patch: dict[str, Any]) -> dict[str, Any]:
     }  # fmt: skip
 
 
-class ApplyStandIn:
+class ApplyStandIn(StoreStandIn):
     """A stand-in for the API server's server-side apply, modelling only what decides the
     replica count: who owns `spec.replicas`. A manager that stops applying a field it alone
     owned resets it to the default; a manager applying another value than a field's other
@@ -43,11 +44,10 @@ class ApplyStandIn:
     subresource (the autoscaler's write) makes its manager the only owner."""
 
     def __init__(self, missing: frozenset[str] = frozenset()) -> None:
-        self.objects: dict[tuple[str, str], dict[str, Any]] = {}
+        super().__init__()
         self.owners: dict[tuple[str, str], set[str]] = {}
         self.writes: list[tuple[str, str, str, dict[str, Any]]] = []
         self.missing = missing
-        self.version = 1
 
     def apply(
         self,
@@ -81,13 +81,6 @@ class ApplyStandIn:
         """An Update of the scale subresource, as the HorizontalPodAutoscaler writes it."""
         self.objects[(kind, name)]["spec"]["replicas"] = replicas
         self.owners[(kind, name)] = {manager}
-
-    def _store(self, obj: dict[str, Any]) -> dict[str, Any]:
-        self.version += 1
-        obj["metadata"]["resourceVersion"] = str(self.version)
-        obj["metadata"].setdefault("uid", f"uid-{obj['kind']}-{obj['metadata']['name']}")
-        self.objects[key(obj)] = obj
-        return copy.deepcopy(obj)
 
     def get(self, resource: ApiResource, namespace: str, name: str) -> dict[str, Any] | None:
         if resource.kind == "Secret":

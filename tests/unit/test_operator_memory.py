@@ -12,6 +12,7 @@ from typing import Any, cast
 import kopf
 import pytest
 
+from api_standin import StoreStandIn
 from disagg_operator import handlers, reconcile
 from disagg_operator.children import key
 from disagg_operator.kubeapi import KubeApi
@@ -28,19 +29,13 @@ OWNER = {
 }
 
 
-class FakeApi:
+class FakeApi(StoreStandIn):
     """An API server that stores what it is sent, numbering versions as etcd does."""
 
     def __init__(self, owner: Mapping[str, Any]) -> None:
-        self.version = 1
-        self.objects = {key(owner): copy.deepcopy(dict(owner))}
+        super().__init__()
+        self.objects[key(owner)] = copy.deepcopy(dict(owner))
         self.writes: list[tuple[str, str]] = []
-
-    def _store(self, obj: dict[str, Any]) -> dict[str, Any]:
-        self.version += 1
-        obj["metadata"]["resourceVersion"] = str(self.version)
-        self.objects[key(obj)] = obj
-        return copy.deepcopy(obj)
 
     def apply(self, resource: ApiResource, manifest: dict[str, Any]) -> dict[str, Any]:
         self.writes.append(("apply", f"{manifest['kind']}/{manifest['metadata']['name']}"))

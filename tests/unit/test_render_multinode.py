@@ -13,6 +13,7 @@ from typing import Any, cast
 
 import pytest
 
+from api_standin import StoreStandIn
 from disagg.cli import build_parser
 from disagg_connector.commands import group_rank
 from disagg_connector.launcher import GroupRank
@@ -193,20 +194,12 @@ def test_the_ranks_of_a_group_may_reach_each_other() -> None:
     assert all("ports" in rule for rule in decode), "single-node roles stay port-filtered"
 
 
-class WorkloadApi:
+class WorkloadApi(StoreStandIn):
     """An API server holding children; deletes are recorded and leave the object terminating."""
 
     def __init__(self) -> None:
-        self.objects: dict[tuple[str, str], dict[str, Any]] = {}
+        super().__init__()
         self.writes: list[tuple[str, str]] = []
-        self.version = 1
-
-    def _store(self, obj: dict[str, Any]) -> dict[str, Any]:
-        self.version += 1
-        obj["metadata"]["resourceVersion"] = str(self.version)
-        obj["metadata"].setdefault("uid", f"uid-{obj['kind']}-{obj['metadata']['name']}")
-        self.objects[key(obj)] = obj
-        return copy.deepcopy(obj)
 
     def apply(self, resource: ApiResource, manifest: dict[str, Any]) -> dict[str, Any]:
         self.writes.append(("apply", f"{manifest['kind']}/{manifest['metadata']['name']}"))
