@@ -525,9 +525,9 @@ class AutoscalingSpec(ApiModel):
         "vllm:num_requests_running)."
     )
     target: Annotated[float, Field(gt=0, le=1_000_000)] = Field(
-        description="The signal's value per server the autoscaler keeps the role at: requests "
-        "for queueDepth and runningRequests, seconds for ttft, a fraction (at most 1) for "
-        "kvCacheUsage."
+        description="The signal's value per server the autoscaler keeps the role at, above 0: "
+        "requests for queueDepth and runningRequests, seconds for ttft, a fraction (at most 1) "
+        "for kvCacheUsage."
     )
     behavior: AutoscalingBehavior = Field(
         default_factory=AutoscalingBehavior,
