@@ -11,7 +11,8 @@ process.
 
 Fixtures: `cluster_env`, `node_env` (the node's names and ranges), `images` (the tags),
 `kubeconfig`, `kubectl`, `helm`, `namespace` (a fresh namespace per test, deleted afterwards),
-`heavy_lock` (the machine's heavy-job lock, held while vLLM pods serve).
+`heavy_lock` (the machine's heavy-job lock, held while vLLM pods serve), `install_operator`
+(the operator chart released into a namespace, its pod from the operator image on the real node).
 `pods_report` describes a namespace's pods and their logs' tails for a failure message.
 """
 
@@ -64,6 +65,7 @@ BUILD_TIMEOUT_S = 3600
 IMPORT_TIMEOUT_S = 1800
 """Bound of `images.sh import`: cold, it copies the serving image (GBs) into containerd."""
 HEAVY_LOCK = Path(os.environ.get("HEAVY_LOCK", "/tmp/disagg-heavy.lock"))
+CHART = CLUSTER_TESTS.parents[1] / "charts" / "disagg-operator"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -187,6 +189,37 @@ def namespace(request: pytest.FixtureRequest, kubectl: kube.Kubectl) -> Iterator
     )
     yield name
     kubectl("delete", "namespace", name, "--wait=false")
+
+
+@pytest.fixture(scope="session")
+def install_operator(
+    helm: kube.Tool,
+    images: dict[str, str],
+    node_env: dict[str, str],
+    pods_report: Callable[[str], str],
+) -> Callable[[str, str], None]:
+    """`install(release, namespace)`: helm installs the operator chart into `namespace`,
+    watching only it, with the operator image built here, its pod on the real node; waits for
+    the pod to be Ready and fails with the namespace's pods and logs when it is not."""
+
+    def install(release: str, namespace: str) -> None:
+        repository, tag = images["OPERATOR_IMAGE"].rsplit(":", 1)
+        values = [
+            f"image.repository={repository}",
+            f"image.tag={tag}",
+            "image.pullPolicy=Never",
+            f"watch.namespaces={{{namespace}}}",
+            "nodeSelector.type=real",
+            f"tolerations[0].key={node_env['NODE_TAINT'].split('=', 1)[0]}",
+            "tolerations[0].operator=Exists",
+        ]
+        sets = [arg for value in values for arg in ("--set", value)]
+        try:
+            helm("install", release, str(CHART), "-n", namespace, "--wait", "--timeout=300s", *sets)
+        except kube.CommandFailed as failed:
+            pytest.fail(f"{failed}\nthe operator's pod:\n{pods_report(namespace)}", pytrace=False)
+
+    return install
 
 
 @pytest.fixture(scope="session")

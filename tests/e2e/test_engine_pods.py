@@ -30,7 +30,6 @@ from disagg.bench.client import REUSED_TOKENS, ChatClient
 from disagg_contract import EXTRA_DECODER_TTL
 
 REPO = Path(__file__).resolve().parents[2]
-CHART = REPO / "charts" / "disagg-operator"
 EXAMPLE = REPO / "examples" / "demo-cpu.yaml"
 MODEL = "demo-cpu"
 READY_TIMEOUT_S = 1200
@@ -108,28 +107,17 @@ def served(
     kubectl: kube.Kubectl,
     helm: kube.Tool,
     images: dict[str, str],
-    node_env: dict[str, str],
+    install_operator: Callable[[str, str], None],
     pods_report: Callable[[str], str],
     heavy_lock: None,
 ) -> Iterator[Served]:
     """The operator chart and the demo model in a namespace of their own, the model Ready."""
     namespace = kube.namespace_name("engine-pods")
     kubectl("create", "namespace", namespace)
-    repository, tag = images["OPERATOR_IMAGE"].rsplit(":", 1)
-    values = [
-        f"image.repository={repository}",
-        f"image.tag={tag}",
-        "image.pullPolicy=Never",
-        f"watch.namespaces={{{namespace}}}",
-        "nodeSelector.type=real",
-        f"tolerations[0].key={node_env['NODE_TAINT'].split('=', 1)[0]}",
-        "tolerations[0].operator=Exists",
-    ]
-    sets = [arg for value in values for arg in ("--set", value)]
     readiness = Readiness()
     watcher = threading.Thread(target=_watch, args=(kubectl, namespace, readiness), daemon=True)
     try:
-        helm("install", "engines", str(CHART), "-n", namespace, "--wait", "--timeout=300s", *sets)
+        install_operator("engines", namespace)
         kubectl("-n", namespace, "apply", "-f", "-", input=_model_manifest(images, namespace))
         watcher.start()
         try:

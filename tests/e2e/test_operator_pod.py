@@ -14,37 +14,16 @@ import yaml
 import kube
 
 REPO = Path(__file__).resolve().parents[2]
-CHART = REPO / "charts" / "disagg-operator"
 EXAMPLE = REPO / "examples" / "qwen3-32b-p5en.yaml"
 
 
 @pytest.fixture
 def operator(
-    helm: kube.Tool,
-    kubectl: kube.Kubectl,
-    namespace: str,
-    images: dict[str, str],
-    node_env: dict[str, str],
-    pods_report: Callable[[str], str],
+    helm: kube.Tool, namespace: str, install_operator: Callable[[str, str], None]
 ) -> Iterator[str]:
     """The chart released in `namespace`, watching it, its pod on the real node; yields the
     operator's Deployment name."""
-    repository, tag = images["OPERATOR_IMAGE"].rsplit(":", 1)
-    taint_key = node_env["NODE_TAINT"].split("=", 1)[0]
-    values = [
-        f"image.repository={repository}",
-        f"image.tag={tag}",
-        "image.pullPolicy=Never",
-        f"watch.namespaces={{{namespace}}}",
-        "nodeSelector.type=real",
-        f"tolerations[0].key={taint_key}",
-        "tolerations[0].operator=Exists",
-    ]
-    sets = [arg for value in values for arg in ("--set", value)]
-    try:
-        helm("install", "op", str(CHART), "-n", namespace, "--wait", "--timeout", "300s", *sets)
-    except kube.CommandFailed as failed:
-        pytest.fail(f"{failed}\nthe operator's pod:\n{pods_report(namespace)}", pytrace=False)
+    install_operator("op", namespace)
     yield "op-disagg-operator"
     helm.run("uninstall", "op", "-n", namespace, "--wait", check=False)
 
