@@ -211,8 +211,12 @@ def test_all_namespaces_install_upgrade_uninstall(
     for ns in (other, release.namespace):
         extra = granted(kubectl, user, ns) - _baseline(kubectl, ns)
         assert extra == expected, f"in {ns}: {extra ^ expected}"
+    # kubectl auth can-i resolves a resource through discovery: it answers only for kinds the
+    # cluster serves (not KEDA's or the Prometheus Operator's here); the rules above hold all.
+    served = set(kubectl("api-resources", "--namespaced=true", "-o", "name").split())
     for permission in sorted(expected, key=str):
-        assert can_i(kubectl, user, permission, "-n", other), permission
+        if permission.resource.partition("/")[0] in served:
+            assert can_i(kubectl, user, permission, "-n", other), permission
     for permission in FORBIDDEN:
         assert not can_i(kubectl, user, permission, "-n", other), permission
     for permission in FORBIDDEN_CLUSTER:
