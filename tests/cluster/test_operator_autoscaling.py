@@ -2,7 +2,8 @@
 HorizontalPodAutoscaler controller (kube-controller-manager): the operator never writes the
 role's replica count, whoever changes it, while it still repairs every other field; turning
 autoscaling on keeps the count the role had; turning it off deletes the autoscaler; and an
-engine whose CRD the cluster lacks (KEDA) is a clear condition, not a crash.
+engine whose CRD the cluster lacks (KEDA) is a clear condition, not a crash. A multi-node role
+is scaled through its LeaderWorkerSet (the real LeaderWorkerSet controller).
 
 There is no metrics pipeline here: the HorizontalPodAutoscaler cannot read its signal, so it
 only holds the count inside [minReplicas, maxReplicas]. A stand-in for the autoscaler writes
@@ -17,9 +18,18 @@ import time
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 import kube
 from disagg_operator.kubeapi import FIELD_MANAGER, HANDOVER_MANAGER
-from operator_fixtures import StartOperator, crds, small_model, start_operator  # noqa: F401
+from operator_fixtures import (  # noqa: F401
+    REPO,
+    StartOperator,
+    crds,
+    example_prerequisites,
+    small_model,
+    start_operator,
+)
 from operator_harness import ApiProxy, Request, condition, dmodel, wait_ready
 
 NAME = "m"
@@ -29,6 +39,7 @@ AUTOSCALER = "autoscaler-stand-in"
 AUTOSCALING = {"maxReplicas": 4, "signal": "kvCacheUsage", "target": 0.8}
 QUIET_S = 15
 """How long a count must stay as set: one HorizontalPodAutoscaler sync period."""
+MULTI_NODE_EXAMPLE = REPO / "examples" / "kimi-k2-2node-p5en.yaml"
 
 
 def _model(namespace: str, decode: dict[str, Any]) -> dict[str, Any]:
@@ -198,3 +209,41 @@ def test_an_engine_the_cluster_lacks_is_a_condition_naming_what_installs_it(
     assert "install KEDA, or set the role's autoscaling.engine to hpa" in found["message"]
     assert kubectl.json("-n", namespace, "get", "statefulset", DECODE)["spec"]["replicas"] == 1
     assert not operator.proc_exited()
+
+
+def _able_to_scale(kubectl: kube.Kubectl, namespace: str) -> dict[str, Any] | None:
+    """The HorizontalPodAutoscaler's AbleToScale condition once true: it read its target's
+    scale subresource."""
+    hpa = kubectl.json("-n", namespace, "get", "horizontalpodautoscaler", DECODE)
+    conditions = {c["type"]: c for c in hpa.get("status", {}).get("conditions") or []}
+    able = conditions.get("AbleToScale", {})
+    return able if able.get("status") == "True" else None
+
+
+def test_a_multi_node_role_is_scaled_through_its_leaderworkerset(
+    kubectl: kube.Kubectl,
+    namespace: str,
+    start_operator: StartOperator,  # noqa: F811
+) -> None:
+    example: dict[str, Any] = yaml.safe_load(MULTI_NODE_EXAMPLE.read_text())
+    example["metadata"] = {"name": NAME, "namespace": namespace}
+    example_prerequisites(kubectl, namespace, example)
+    decode = example["spec"]["decode"]
+    decode.pop("replicas", None)
+    decode["autoscaling"] = {**AUTOSCALING, "maxReplicas": 2}
+    start_operator()
+    kubectl.apply(example)
+    wait_ready(kubectl, namespace, NAME, timeout_s=240)
+    hpa = kubectl.json("-n", namespace, "get", "horizontalpodautoscaler", DECODE)
+    assert hpa["spec"]["scaleTargetRef"]["kind"] == "LeaderWorkerSet"
+    kube.wait_for(lambda: _able_to_scale(kubectl, namespace), what="AbleToScale", timeout_s=60)
+
+    kubectl("-n", namespace, "patch", "leaderworkerset", DECODE, "--subresource=scale",
+            "--type=merge", "-p", json.dumps({"spec": {"replicas": 2}}),
+            f"--field-manager={AUTOSCALER}")  # fmt: skip
+    deadline = time.monotonic() + QUIET_S
+    while time.monotonic() < deadline:
+        lws = kubectl.json("-n", namespace, "get", "leaderworkerset", DECODE)
+        assert lws["spec"]["replicas"] == 2
+        time.sleep(1)
+    assert dmodel(kubectl, namespace, NAME)["status"]["decode"]["desiredReplicas"] == 2
