@@ -108,6 +108,7 @@ def test_the_autoscalers_count_is_never_reverted_and_other_drift_is_repaired(
             "kind": "StatefulSet",
             "name": DECODE,
         }
+        kube.wait_for(lambda: _able_to_scale(kubectl, namespace), what="AbleToScale", timeout_s=60)
         sts = _statefulset(kubectl, namespace)
         assert FIELD_MANAGER not in _replica_owners(sts)
 
