@@ -246,6 +246,7 @@ MANAGED_SAMPLE_VALUES = {
     "port": "9",
     "kv_transfer_config": json.dumps(dict([OTHER_KV_ROLE])),
     "api_key": "x",
+    "shutdown_timeout": "7",
 }
 """A value, unlike the server's default, for each destination of a flag the operator manages."""
 
