@@ -354,6 +354,14 @@ def test_a_connector_config_change_rolls_the_engine_pods_and_reuse_goes_on(
     assert rolled_config["data"] != config
     decode = json.loads(rolled_config["data"]["decode.json"])
     assert decode["kv_connector_extra_config"][EXTRA_DECODER_TTL] == 540
+    # While both roles' only pods rolled the router had no engine to serve with and left its
+    # Service's endpoints (its readiness is its /health); it rejoins once it has checked the
+    # new pods.
+    kube.wait_for(
+        lambda: _answers(f"{served.router}/health"),
+        what="the router Service serving again after the roll",
+        timeout_s=180,
+    )
     prefill = served.prefill_url(kubectl)
     client = ChatClient(served.router, timeout_s=TURN_TIMEOUT_S)
     try:
