@@ -55,6 +55,17 @@ cluster-down:
 test-cluster: venv cluster-bin
 	$(BIN)/pytest tests/cluster
 
+## ---- Metrics pipeline ------------------------------------------------------------
+# Prometheus, promtool (Prometheus 3.x, only the kubernetes, file and http service discoveries)
+# and prometheus-adapter built from pinned Go modules (tests/cluster/go/prometheus,
+# tests/cluster/go/prometheus-adapter) into $(CACHE)/metrics-<versions>/bin; rebuilt only when
+# the pins change. tests/cluster/test_prometheus_rules.py builds them itself and checks the
+# chart's alert rules, deploy/prometheus/ and deploy/prometheus-adapter/ with them
+# (docs/observability.md).
+.PHONY: metrics-bin
+metrics-bin:
+	bash tests/cluster/metrics/build-metrics.sh
+
 ## ---- Real node -------------------------------------------------------------------
 # DISAGG_REAL_NODE=1 make cluster-up also starts one real CPU node beside the fake ones
 # (tests/cluster/node/, docs/local-cluster.md): containerd + runc, the kubelet and kube-proxy

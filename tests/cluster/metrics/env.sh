@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Paths and pinned versions of the local metrics pipeline (Prometheus, promtool,
+# prometheus-adapter), derived from ../go/prometheus/go.mod and ../go/prometheus-adapter/go.mod.
+# Source it from the other scripts; run it to print KEY=value lines (read by the tests).
+source "$(dirname "${BASH_SOURCE[0]}")/../env.sh"
+
+METRICS_SRC="$CLUSTER_SRC/metrics"
+PROMETHEUS_GO="$CLUSTER_GO/prometheus"
+ADAPTER_GO="$CLUSTER_GO/prometheus-adapter"
+PROMETHEUS_MODULE_VERSION="$(gomod_version github.com/prometheus/prometheus "$PROMETHEUS_GO/go.mod")"
+# Prometheus 3.x is tagged v0.3MM.P in Go (v0.316.0 is Prometheus 3.16.0).
+_v="${PROMETHEUS_MODULE_VERSION#v0.}"
+PROMETHEUS_VERSION="${_v:0:1}.$((10#${_v:1:2})).${_v#*.}"
+unset _v
+ADAPTER_VERSION="$(gomod_version sigs.k8s.io/prometheus-adapter "$ADAPTER_GO/go.mod")"
+METRICS_BIN="$DISAGG_CACHE/metrics-v$PROMETHEUS_VERSION-$ADAPTER_VERSION/bin"
+METRICS_BINARIES=(prometheus promtool prometheus-adapter)
+
+if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then
+    for var in PROMETHEUS_MODULE_VERSION PROMETHEUS_VERSION ADAPTER_VERSION METRICS_BIN; do
+        echo "$var=${!var}"
+    done
+fi
