@@ -5,7 +5,7 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 
 export KWOK_WORKDIR="$CLUSTER_STATE/kwok"
-if [[ -s "$NODE_STATE/cluster" || -e "/run/netns/$NODE_NETNS" ]]; then
+if [[ -s "$NODE_OWNER" || -e "/run/netns/$NODE_NETNS" ]]; then
     "$NODE_SRC/node-down.sh"
 fi
 if [[ -s "$LWS_STATE/pid" ]]; then

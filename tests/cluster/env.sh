@@ -41,9 +41,18 @@ NODE_BINARIES=(kubelet kube-proxy containerd containerd-shim-runc-v2 ctr bridge 
     portmap)
 # One real node per machine (its network namespace has a fixed name): its state (the runtime's
 # images, the kubelet's root, certificates, logs) lives beside the clusters, its runtime state
-# in /run; $NODE_STATE/cluster names the cluster it belongs to.
+# in /run, shared by every cache on the machine; $NODE_OWNER names the cluster state it runs
+# for, so no other cache's scripts stop it or remove its runtime state.
 NODE_STATE="$DISAGG_CACHE/node"
 NODE_RUN=/run/disagg-node
+NODE_OWNER="$NODE_RUN/cluster"
+# node_pid NAME: the recorded process of a node component while it still runs a binary named
+# NAME, whichever cache's (the caller compares /proc/PID/exe with its own $NODE_BIN).
+node_pid() {
+    local pid
+    pid=$(cat "$NODE_RUN/$1.pid" 2>/dev/null) || return 1
+    [[ "$(readlink "/proc/$pid/exe" 2>/dev/null)" == */"$1" ]] && echo "$pid"
+}
 NODE_NAME=real-cpu-0
 # The node runs in its own network namespace, linked to the host by one veth pair; pods sit on
 # a bridge inside it. Nothing routes from there to an outside interface (the host does not
@@ -73,7 +82,7 @@ REAL_NODE="${DISAGG_REAL_NODE:-0}"
 if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then
     for var in KUBE_VERSION ETCD_VERSION KWOK_VERSION HELM_VERSION LWS_VERSION CLUSTER_BIN LWS_BIN CLUSTER_NAME \
         CLUSTER_STATE CLUSTER_KUBECONFIG CONTAINERD_VERSION CNI_PLUGINS_VERSION NODE_BIN \
-        NODE_STATE NODE_NAME NODE_NETNS NODE_IP POD_CIDR SERVICE_CIDR NODE_TAINT IMAGE_STATE REAL_NODE; do
+        NODE_STATE NODE_RUN NODE_OWNER NODE_NAME NODE_NETNS NODE_IP POD_CIDR SERVICE_CIDR NODE_TAINT IMAGE_STATE REAL_NODE; do
         echo "$var=${!var}"
     done
 fi

@@ -46,7 +46,7 @@ def _cluster_name() -> str:
     namespaces of their own); else ``e2e``."""
     if os.environ.get("DISAGG_CLUSTER_NAME"):
         return os.environ["DISAGG_CLUSTER_NAME"]
-    owner = Path(_key_values("bash", str(CLUSTER_TESTS / "env.sh"))["NODE_STATE"]) / "cluster"
+    owner = Path(_key_values("bash", str(CLUSTER_TESTS / "env.sh"))["NODE_OWNER"])
     state = Path(owner.read_text().strip()) if owner.is_file() else None
     if state is not None and state.name.startswith("cluster-"):
         env = kube.ClusterEnv("", kube.cluster_env().bin_dir, state, state / "kubeconfig")

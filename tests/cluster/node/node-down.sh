@@ -8,11 +8,10 @@ source "$(dirname "${BASH_SOURCE[0]}")/../env.sh"
 
 ctr=("$NODE_BIN/ctr" --address "$NODE_RUN/containerd.sock" -n k8s.io)
 
-# pid_of NAME: the recorded process of a node component, if it still runs that binary.
+# pid_of NAME: the recorded process of a node component, if it still runs this cache's binary.
 pid_of() {
     local pid
-    pid=$(cat "$NODE_RUN/$1.pid" 2>/dev/null) || return 1
-    [[ "$(readlink "/proc/$pid/exe" 2>/dev/null)" == "$NODE_BIN/$1" ]] && echo "$pid"
+    pid=$(node_pid "$1") && [[ "$(readlink "/proc/$pid/exe")" == "$NODE_BIN/$1" ]] && echo "$pid"
 }
 
 # stop PID...: SIGTERM, then SIGKILL what still runs after 20 s.
@@ -26,8 +25,8 @@ stop() {
     done
 }
 
-owner=$(cat "$NODE_STATE/cluster" 2>/dev/null || true)
-if [[ -n "$owner" && "$owner" != "$CLUSTER_STATE" ]] && pid_of kubelet >/dev/null; then
+owner=$(cat "$NODE_OWNER" 2>/dev/null || true)
+if [[ -n "$owner" && "$owner" != "$CLUSTER_STATE" ]] && node_pid kubelet >/dev/null; then
     echo "node-down: the real node runs for the cluster in $owner; left alone" >&2
     exit 0
 fi
@@ -82,5 +81,5 @@ if [[ "$owner" == "$CLUSTER_STATE" && -s "$CLUSTER_KUBECONFIG" ]]; then
     "$CLUSTER_BIN/kubectl" --kubeconfig "$CLUSTER_KUBECONFIG" delete node "$NODE_NAME" \
         --ignore-not-found --wait=false --request-timeout=5s >/dev/null 2>&1 || true
 fi
-rm -rf --one-file-system "$NODE_RUN" "$NODE_STATE/kubelet" "$NODE_STATE/cluster"
+rm -rf --one-file-system "$NODE_RUN" "$NODE_STATE/kubelet"
 ((${#stopped[@]})) && echo "node-down: stopped ${stopped[*]}" || true

@@ -30,10 +30,9 @@ fi
 "$NODE_SRC/images.sh" build pause >&2
 eval "$("$NODE_SRC/images.sh" env)"
 
-alive() { # alive NAME: the component's recorded process still runs its binary
+alive() { # alive NAME: the component's recorded process still runs this cache's binary
     local pid
-    pid=$(cat "$NODE_RUN/$1.pid" 2>/dev/null) || return 1
-    [[ "$(readlink "/proc/$pid/exe" 2>/dev/null)" == "$NODE_BIN/$1" ]]
+    pid=$(node_pid "$1") && [[ "$(readlink "/proc/$pid/exe")" == "$NODE_BIN/$1" ]]
 }
 
 node_ready() {
@@ -54,21 +53,21 @@ wait_for() {
     done
 }
 
-owner=$(cat "$NODE_STATE/cluster" 2>/dev/null || true)
+owner=$(cat "$NODE_OWNER" 2>/dev/null || true)
 if [[ "$owner" == "$CLUSTER_STATE" ]] && alive containerd && alive kubelet && alive kube-proxy &&
     node_ready; then
     echo "node-up: reusing real node $NODE_NAME" >&2
     "$NODE_SRC/images.sh" import pause >&2
     exit 0
 fi
-if [[ -n "$owner" && "$owner" != "$CLUSTER_STATE" ]] && alive kubelet; then
+if [[ -n "$owner" && "$owner" != "$CLUSTER_STATE" ]] && node_pid kubelet >/dev/null; then
     echo "node-up: the real node runs for the cluster in $owner; only one runs per machine" >&2
     exit 1
 fi
 "$NODE_SRC/node-down.sh" >&2
 
 mkdir -p "$NODE_STATE"/{logs,certs,cni,kubelet,pod-logs} "$NODE_RUN"
-echo "$CLUSTER_STATE" >"$NODE_STATE/cluster"
+echo "$CLUSTER_STATE" >"$NODE_OWNER"
 
 # --- credentials: client certificates signed by the cluster's CA ---------------------------
 client_cert() { # client_cert NAME CN [O]
