@@ -2,7 +2,8 @@
 # Start the local control plane (kwokctl, binary runtime, binaries from build.sh) or reuse it
 # when it already runs; register the fake nodes, and with DISAGG_REAL_NODE=1 start the real
 # node beside them (node/node-up.sh); start the LeaderWorkerSet controller (lws-up.sh); print
-# the kubeconfig path on the last line.
+# the kubeconfig path on the last line. Every cluster's API server serves the aggregation layer
+# (aggregation_args), so a running cluster created without it is replaced.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 
@@ -21,15 +22,36 @@ api_ready() {
     [[ -s "$CLUSTER_KUBECONFIG" ]] && "${kubectl[@]}" get --raw /readyz >/dev/null 2>&1
 }
 
+# The API server's flags for the aggregation layer (an APIService served by a process beside
+# the cluster, such as prometheus-adapter's custom.metrics.k8s.io, metrics/metrics-up.sh): it
+# trusts kwokctl's CA for the front-proxy client certificate it already presents (the admin
+# certificate, CN kwok-admin) and the user and groups that certificate forwards, and it dials
+# an APIService's endpoints itself (nothing on the host routes the fake nodes' Service IPs).
+aggregation_args() {
+    local pki="$KWOK_WORKDIR/clusters/$CLUSTER_NAME/pki" arg
+    for arg in "requestheader-client-ca-file=$pki/ca.crt" requestheader-allowed-names=kwok-admin \
+        requestheader-username-headers=X-Remote-User requestheader-group-headers=X-Remote-Group \
+        requestheader-extra-headers-prefix=X-Remote-Extra- enable-aggregator-routing=true; do
+        echo "--extra-args=kube-apiserver=$arg"
+    done
+}
+
+# Whether the cluster's components were created with aggregation_args (kwok.yaml holds them).
+aggregating() {
+    grep -q -- "--enable-aggregator-routing=true" \
+        "$KWOK_WORKDIR/clusters/$CLUSTER_NAME/kwok.yaml" 2>/dev/null
+}
+
 # The components kwokctl starts outlive this script: they must not inherit the lock (fd 8).
 # With the real node, kwokctl also reads node/kwokctl-config.sh's settings.
 create() {
-    local config=()
+    local config=() extra
+    mapfile -t extra < <(aggregation_args)
     if [[ "$REAL_NODE" == 1 ]]; then
         "$NODE_SRC/kwokctl-config.sh" >"$CLUSTER_STATE/kwokctl-real-node.yaml"
         config=(--config "$CLUSTER_STATE/kwokctl-real-node.yaml")
     fi
-    "${kwokctl[@]}" "${config[@]}" create cluster --runtime binary 8>&- \
+    "${kwokctl[@]}" "${config[@]}" create cluster --runtime binary 8>&- "${extra[@]}" \
         --kube-apiserver-binary "$CLUSTER_BIN/kube-apiserver" \
         --kube-controller-manager-binary "$CLUSTER_BIN/kube-controller-manager" \
         --kube-scheduler-binary "$CLUSTER_BIN/kube-scheduler" \
@@ -62,14 +84,19 @@ cluster_ready() {
         "${kubectl[@]}" -n default get serviceaccount default >/dev/null 2>&1
 }
 
-if api_ready; then
+if api_ready && aggregating; then
     echo "cluster-up: reusing running cluster $CLUSTER_NAME" >&2
     since=$((start - 60))
 else
     if [[ -d "$KWOK_WORKDIR/clusters/$CLUSTER_NAME" ]]; then
         # A stopped cluster restarts slower than a new one starts (its components wait for
-        # the old leases to expire) and the tests need none of its state: replace it.
-        echo "cluster-up: replacing stopped cluster $CLUSTER_NAME" >&2
+        # the old leases to expire) and the tests need none of its state: replace it, and a
+        # running one created without the aggregation layer (an older cluster-up's).
+        if api_ready; then
+            echo "cluster-up: replacing cluster $CLUSTER_NAME, created without the aggregation layer" >&2
+        else
+            echo "cluster-up: replacing stopped cluster $CLUSTER_NAME" >&2
+        fi
         "${kwokctl[@]}" delete cluster 8>&- >&2
     fi
     echo "cluster-up: creating cluster $CLUSTER_NAME ($KUBE_VERSION, etcd $ETCD_VERSION, kwok $KWOK_VERSION)" >&2

@@ -15,9 +15,16 @@ unset _v
 ADAPTER_VERSION="$(gomod_version sigs.k8s.io/prometheus-adapter "$ADAPTER_GO/go.mod")"
 METRICS_BIN="$DISAGG_CACHE/metrics-v$PROMETHEUS_VERSION-$ADAPTER_VERSION/bin"
 METRICS_BINARIES=(prometheus promtool prometheus-adapter)
+# The running pipeline of one cluster (metrics-up.sh): Prometheus and prometheus-adapter as host
+# processes, their configuration, certificates, data and logs.
+METRICS_STATE="$CLUSTER_STATE/metrics"
+# The adapter listens on this address, on the host's loopback device: the API server dials an
+# APIService's endpoint itself, and an EndpointSlice refuses loopback-range (127/8) addresses.
+METRICS_HOST_IP=10.89.1.1
 
 if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then
-    for var in PROMETHEUS_MODULE_VERSION PROMETHEUS_VERSION ADAPTER_VERSION METRICS_BIN; do
+    for var in PROMETHEUS_MODULE_VERSION PROMETHEUS_VERSION ADAPTER_VERSION METRICS_BIN METRICS_STATE \
+        METRICS_HOST_IP; do
         echo "$var=${!var}"
     done
 fi

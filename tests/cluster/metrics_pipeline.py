@@ -1,0 +1,82 @@
+"""The local cluster's metrics pipeline for the cluster and e2e tests: Prometheus and
+prometheus-adapter as host processes serving custom.metrics.k8s.io to the cluster's
+HorizontalPodAutoscalers (tests/cluster/metrics/metrics-up.sh, stopped by metrics-down.sh),
+and the few Prometheus HTTP API reads the tests make."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+METRICS = Path(__file__).resolve().parent / "metrics"
+UP_TIMEOUT_S = 300
+"""metrics-up.sh's bound: the binaries cached, its own waits are a minute each."""
+
+
+@dataclass(frozen=True)
+class MetricsPipeline:
+    """A running pipeline: Prometheus's address and the folder of its job `targets`."""
+
+    prometheus_url: str
+    targets: Path
+
+    def _get(self, path: str, **params: str) -> Any:
+        url = f"{self.prometheus_url}{path}?{urllib.parse.urlencode(params)}"
+        with urllib.request.urlopen(url, timeout=10) as response:
+            body = json.load(response)
+        assert body["status"] == "success", body
+        return body["data"]
+
+    def query(self, promql: str) -> list[dict[str, Any]]:
+        """The instant vector `promql` evaluates to now."""
+        data = self._get("/api/v1/query", query=promql)
+        assert data["resultType"] == "vector", data
+        result: list[dict[str, Any]] = data["result"]
+        return result
+
+    def value(self, promql: str) -> float | None:
+        """The single value `promql` evaluates to now, None while it has none."""
+        result = self.query(promql)
+        assert len(result) <= 1, result
+        return float(result[0]["value"][1]) if result else None
+
+    def active_targets(self) -> list[dict[str, Any]]:
+        """The scrape targets Prometheus has discovered, with their labels and health."""
+        targets: list[dict[str, Any]] = self._get("/api/v1/targets", state="active")[
+            "activeTargets"
+        ]
+        return targets
+
+    def set_targets(self, name: str, groups: list[dict[str, Any]]) -> None:
+        """Make the job `targets` scrape `groups` (file service discovery, picked up at once)."""
+        tmp = self.targets / f".{name}.json.tmp"
+        tmp.write_text(json.dumps(groups))
+        tmp.rename(self.targets / f"{name}.json")
+
+
+@contextmanager
+def metrics_pipeline() -> Iterator[MetricsPipeline]:
+    """Start the pipeline of the cluster the environment names (DISAGG_CLUSTER_NAME) and stop
+    it afterwards (its APIService gone, so no client's discovery waits on it)."""
+    proc = subprocess.run(
+        ["bash", str(METRICS / "metrics-up.sh")],
+        capture_output=True,
+        text=True,
+        timeout=UP_TIMEOUT_S,
+        check=False,
+        env=os.environ.copy(),
+    )
+    try:
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        out = dict(line.split("=", 1) for line in proc.stdout.splitlines() if "=" in line)
+        yield MetricsPipeline(out["PROMETHEUS_URL"], Path(out["METRICS_TARGETS"]))
+    finally:
+        subprocess.run(["bash", str(METRICS / "metrics-down.sh")], check=True, timeout=120)
