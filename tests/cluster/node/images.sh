@@ -181,6 +181,14 @@ node_ctr() {
         2> >(grep -v 'DEPRECATION: The support for cgroup v1' >&2)
 }
 
+# imported TAG: the node's containerd holds TAG unpacked and pinned (the import's last step); an
+# import cut short (its containerd stopped midway) leaves the tag without them, and the kubelet
+# would not find the image: it is imported again.
+imported() {
+    node_ctr images check "name==$1" | awk 'NR > 1 { print $NF }' | grep -qx true &&
+        node_ctr images ls "name==$1" | grep -q 'io\.cri-containerd\.pinned=pinned'
+}
+
 cmd_import() {
     local ctr=(node_ctr) tag start
     local archive="$IMAGE_STATE/import.tar"
@@ -194,7 +202,7 @@ cmd_import() {
             [[ "$other" == "${tag%:*}:"* && "$other" != "$tag" ]] || continue
             "${ctr[@]}" images rm --sync "$other" >/dev/null 2>&1 || true
         done
-        if grep -qx "$tag" <<<"$present"; then
+        if grep -qx "$tag" <<<"$present" && imported "$tag"; then
             continue
         fi
         start=$(date +%s)
