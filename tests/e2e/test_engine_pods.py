@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,7 @@ import yaml
 import kube
 from disagg.bench import prometheus
 from disagg.bench.client import REUSED_TOKENS, ChatClient
-from disagg_contract import EXTRA_DECODER_TTL
+from disagg_contract import ENGINE_PORT, EXTRA_DECODER_TTL
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "demo-cpu.yaml"
@@ -374,3 +375,291 @@ def test_a_connector_config_change_rolls_the_engine_pods_and_reuse_goes_on(
         client.close()
     assert reused > 0, "no KV read back from decode after the roll"
     assert on == off
+
+
+SCALED_CONVERSATIONS = 10
+STREAM_TOKENS = 1000
+"""The answer streaming on the leaving decode pod when it is told to go: long enough to still
+be generating through its preStop wait while the other conversations' next turns start."""
+STATS_LAG_S = 10.0
+"""How long a turn's D->P read may take to show in prefill's counter after the answer."""
+DECODE_SUCCESSES = "vllm:request_success_total"
+DECODE_RUNNING = "vllm:num_requests_running"
+SHUTDOWN_RELEASE = "Engine shutting down: releasing"
+ROUTER_AFFINITY = "disagg_router_decode_affinity_total"
+ROUTER_DRAINING = "disagg_router_replica_draining"
+ROUTER_HEALTHY = "disagg_router_replica_healthy"
+ROUTER_REQUESTS = "disagg_router_requests_total"
+
+
+@dataclass
+class _Chat:
+    """One conversation as its client keeps it, with each turn's request and answer kept for
+    the bidirectional-off replay."""
+
+    conversation_id: str
+    messages: list[dict[str, str]] = field(default_factory=list)
+    turns: list[tuple[list[dict[str, str]], int, str]] = field(default_factory=list)
+
+    def ask(
+        self, client: ChatClient, model: str, question: str, max_tokens: int = ANSWER_TOKENS
+    ) -> None:
+        """One turn: the question after the conversation so far; the answer must be whole."""
+        sent = [*self.messages, {"role": "user", "content": question}]
+        reply = client.turn(model, sent, max_tokens, self.conversation_id)
+        assert reply.completion_tokens == max_tokens, (
+            f"{self.conversation_id}: {reply.completion_tokens} of {max_tokens} answer tokens"
+        )
+        self.messages = [*sent, {"role": "assistant", "content": reply.text}]
+        self.turns.append((sent, max_tokens, reply.text))
+
+
+def _opening(index: int) -> str:
+    """A first message of its own per conversation, a few KV blocks more than prefill's
+    recompute threshold: short, so that the moved conversations' recomputed turns all run
+    while decode-1 drains."""
+    facts = " ".join(
+        f"Fact {i}: item {i} of list {index} is {(i * 7 + index) % 101}." for i in range(16)
+    )
+    return f"Remember these. {facts} Summarise item {index % 16}."
+
+
+def _samples(url: str) -> list[prometheus.Sample]:
+    return prometheus.parse(httpx.get(f"{url}/metrics", timeout=10).text)
+
+
+def _successes(urls: list[str]) -> dict[str, float]:
+    """Each decode's finished requests, by URL."""
+    return {url: prometheus.total(_samples(url), DECODE_SUCCESSES) for url in urls}
+
+
+def _served_by(before: dict[str, float]) -> str:
+    """The decode whose finished requests grew by one since `before` (its metrics may lag)."""
+
+    def grown() -> list[str] | None:
+        now = _successes(list(before))
+        return [url for url in before if now[url] > before[url]] or None
+
+    grew = kube.wait_for(grown, what="a decode pod counting the turn", timeout_s=15, interval_s=0.2)
+    assert len(grew) == 1, f"{len(grew)} decode pods finished the turn"
+    return grew[0]
+
+
+def _read_back(prefill: str, before: float) -> float:
+    """Tokens prefill read back from decode since `before`, waited for a while when none yet."""
+    deadline = time.monotonic() + STATS_LAG_S
+    while (read := _reused(prefill) - before) == 0 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return read
+
+
+def _router_replicas(router: str, name: str) -> dict[str, float]:
+    """A per-replica router gauge's decode values, by replica URL."""
+    return {
+        sample.labels["replica"]: sample.value
+        for sample in _samples(router)
+        if sample.name == name and sample.labels.get("role") == "decode"
+    }
+
+
+def _chat_outcomes(router: str) -> dict[str, float]:
+    """The router's chat completions by outcome (success, or the error's kind)."""
+    return {
+        sample.labels["outcome"]: sample.value
+        for sample in _samples(router)
+        if sample.name == ROUTER_REQUESTS
+        and sample.labels.get("endpoint") == "/v1/chat/completions"
+    }
+
+
+def _scale_decode(kubectl: kube.Kubectl, namespace: str, replicas: int) -> None:
+    body = json.dumps({"spec": {"decode": {"replicas": replicas}}})
+    kubectl("-n", namespace, "patch", "dmodel", MODEL, "--type=merge", "-p", body)
+
+
+def _decodes_serving(
+    kubectl: kube.Kubectl, namespace: str, router: str, count: int
+) -> dict[str, str] | None:
+    """Each decode pod's base URL by pod name once `count` of them are Ready, the model has
+    converged and the router counts exactly them, healthy; else None."""
+    pods = _engine_pods(kubectl, namespace, "decode")
+    if len(pods) != count or not all(kube.condition_true(pod, "Ready") for pod in pods):
+        return None
+    urls = {p["metadata"]["name"]: f"http://{p['status']['podIP']}:{ENGINE_PORT}" for p in pods}
+    healthy = _router_replicas(router, ROUTER_HEALTHY) == dict.fromkeys(urls.values(), 1.0)
+    return urls if healthy and _converged(kubectl, namespace) else None
+
+
+@contextmanager
+def _following_logs(kubectl: kube.Kubectl, namespace: str, pod: str, path: Path) -> Iterator[Path]:
+    """`kubectl logs -f` of `pod` into `path` while the block runs, so that the log of a pod
+    that goes away (its container's last lines included) stays readable."""
+    command = [
+        str(kubectl.binary), "--kubeconfig", str(kubectl.kubeconfig),
+        "-n", namespace, "logs", "-f", pod,
+    ]  # fmt: skip
+    with path.open("wb") as log:
+        follower = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        yield path
+    finally:
+        if follower.poll() is None:
+            follower.kill()
+        follower.wait()
+
+
+class _Stream(threading.Thread):
+    """One long turn of a conversation streaming in the background: when it ended, or why not."""
+
+    def __init__(self, chat: _Chat, router: str, model: str) -> None:
+        super().__init__(daemon=True)
+        self.chat, self.router, self.model = chat, router, model
+        self.ended: float | None = None
+        self.failure: Exception | None = None
+
+    def run(self) -> None:
+        client = ChatClient(self.router, timeout_s=TURN_TIMEOUT_S)
+        try:
+            self.chat.ask(client, self.model, "Now list every item.", STREAM_TOKENS)
+            self.ended = time.monotonic()
+        except Exception as failure:  # the test's thread reports it
+            self.failure = failure
+        finally:
+            client.close()
+
+
+def _holders(
+    chats: list[_Chat],
+    client: ChatClient,
+    model: str,
+    urls: list[str],
+    question: Callable[[int], str],
+) -> dict[str, str]:
+    """One turn of each conversation in order: the decode URL that served each."""
+    served_by: dict[str, str] = {}
+    for index, chat in enumerate(chats):
+        before = _successes(urls)
+        chat.ask(client, model, question(index))
+        served_by[chat.conversation_id] = _served_by(before)
+    return served_by
+
+
+def test_decode_scaled_from_two_to_one_mid_conversation_moves_the_leaving_pods_conversations(
+    served: Served, kubectl: kube.Kubectl, pods_report: Callable[[str], str], tmp_path: Path
+) -> None:
+    """Decode scaled to 2, ten conversations two turns in (each turn 2 reads back), a stream in
+    flight on decode-1 when decode is scaled back to 1: the router drains decode-1, the stream
+    finishes, decode-1 releases its retained KV as it shuts down, each conversation that was on
+    decode-1 recomputes its next turn on decode-0 once and reads back again after, the others
+    keep reading back, no client sees an error, and every answer equals the same turn without a
+    conversation_id."""
+    namespace, router = served.namespace, served.router
+    leaving_pod = f"{MODEL}-decode-1"
+    _scale_decode(kubectl, namespace, 2)
+    client = ChatClient(router, timeout_s=TURN_TIMEOUT_S)
+    try:
+        try:
+            urls = kube.wait_for(
+                lambda: _decodes_serving(kubectl, namespace, router, 2),
+                what="decode-1 Ready and healthy in the router's view",
+                timeout_s=READY_TIMEOUT_S,
+                interval_s=2,
+            )
+        except TimeoutError as timeout:
+            pytest.fail(f"{timeout}\n{pods_report(namespace)}", pytrace=False)
+        leaving, staying = urls[leaving_pod], urls[f"{MODEL}-decode-0"]
+        prefill = served.prefill_url(kubectl)
+        model = client.model()
+        outcomes_before = _chat_outcomes(router)
+        moves_before = prometheus.total(_samples(router), ROUTER_AFFINITY, result="draining")
+        tag = f"e2e-scale-{time.time_ns():x}"
+        chats = [_Chat(f"{tag}-{i}") for i in range(SCALED_CONVERSATIONS)]
+        # Turn 1 of every conversation, then turn 2 of each: a new conversation goes to the
+        # least busy decode, ties taken in turn, so half of them land on decode-1.
+        holder = _holders(chats, client, model, [leaving, staying], _opening)
+        for chat in chats:
+            before, reused = _successes([leaving, staying]), _reused(prefill)
+            chat.ask(client, model, "And item 4?")
+            assert _served_by(before) == holder[chat.conversation_id], "turn 2 changed decode"
+            assert _read_back(prefill, reused) > 0, f"{chat.conversation_id}: no read back"
+        moved = [c for c in chats if holder[c.conversation_id] == leaving]
+        kept = [c for c in chats if holder[c.conversation_id] == staying]
+        assert moved and kept, f"conversations by decode: {holder}"
+
+        # A conversation of its own on decode-1 streams a long answer while decode-1 leaves.
+        starts = [_Chat(f"{tag}-stream-{i}") for i in range(2)]
+        landed = _holders(
+            starts, client, model, [leaving, staying], lambda i: _opening(SCALED_CONVERSATIONS + i)
+        )
+        (stream_chat,) = [c for c in starts if landed[c.conversation_id] == leaving]
+        stream = _Stream(stream_chat, router, model)
+        reused = _reused(prefill)
+        stream.start()
+        kube.wait_for(
+            lambda: (
+                prometheus.total(_samples(leaving), DECODE_RUNNING) >= 1 or not stream.is_alive()
+            ),
+            what="the stream generating on decode-1",
+            timeout_s=TURN_TIMEOUT_S,
+            interval_s=0.1,
+        )
+        assert stream.is_alive(), f"the stream ended before decode-1 left: {stream.failure}"
+        assert _read_back(prefill, reused) > 0, "the streamed turn read nothing back"
+        with _following_logs(kubectl, namespace, leaving_pod, tmp_path / "decode-1.log") as log:
+            _scale_decode(kubectl, namespace, 1)
+            kube.wait_for(
+                lambda: _router_replicas(router, ROUTER_DRAINING).get(leaving) == 1,
+                what="the router draining decode-1",
+                timeout_s=60,
+                interval_s=0.2,
+            )
+            draining = time.monotonic()
+            # The next turn of each conversation that was on decode-1, one at a time while
+            # decode-1 drains: it recomputes on decode-0 (prefill reads nothing back).
+            recomputed: dict[str, float] = {}
+            unread = _reused(prefill)
+            for chat in moved:
+                reused = _reused(prefill)
+                chat.ask(client, model, "And item 5?")
+                recomputed[chat.conversation_id] = _reused(prefill) - reused
+            moves_took = time.monotonic() - draining
+            stream.join(TURN_TIMEOUT_S)
+            assert stream.ended is not None, f"the stream on decode-1 broke off: {stream.failure}"
+            assert stream.ended > draining, "the stream ended before decode-1 drained"
+            kube.wait_for(
+                lambda: _decodes_serving(kubectl, namespace, router, 1),
+                what="decode-1 gone, the router serving with decode-0 alone",
+                timeout_s=TURN_TIMEOUT_S,
+            )
+        shutdown = log.read_text(errors="replace")
+        assert SHUTDOWN_RELEASE in shutdown, shutdown[-3000:]
+        # The wait for decode-1 to go gave a late count the time to show.
+        assert _reused(prefill) == unread, f"read back from a leaving decode: {recomputed}"
+        moves = prometheus.total(_samples(router), ROUTER_AFFINITY, result="draining")
+        assert moves - moves_before == len(moved), (
+            f"{moves - moves_before:g} turns moved off the draining decode for {len(moved)} "
+            f"conversations on it (their turns took {moves_took:.1f} s from the drain, the "
+            f"stream ended {stream.ended - draining:.1f} s after it)"
+        )
+
+        # The others keep reading back from decode-0; the moved ones read back again.
+        reads: dict[str, float] = {}
+        for chat in [*kept, *moved]:
+            reused = _reused(prefill)
+            chat.ask(client, model, "And item 6?")
+            reads[chat.conversation_id] = _read_back(prefill, reused)
+        assert all(reads.values()), f"tokens read back on the turn after: {reads}"
+        replayed = [
+            (chat.conversation_id, client.turn(model, sent, tokens, None).text, text)
+            for chat in [*chats, *starts]
+            for sent, tokens, text in chat.turns
+        ]
+        outcomes = _chat_outcomes(router)
+    finally:
+        client.close()
+        _scale_decode(kubectl, namespace, 1)
+    differ = [(name, off, on) for name, off, on in replayed if off != on]
+    assert not differ, f"answers unlike bidirectional off (conversation, off, on): {differ}"
+    grew = {outcome: outcomes[outcome] - outcomes_before.get(outcome, 0.0) for outcome in outcomes}
+    assert grew.pop("success", 0.0) == 2 * len(replayed), f"chat outcomes grew by {grew}"
+    assert not any(grew.values()), f"client errors: {grew}"
