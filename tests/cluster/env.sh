@@ -46,12 +46,29 @@ NODE_BINARIES=(kubelet kube-proxy containerd containerd-shim-runc-v2 ctr bridge 
 NODE_STATE="$DISAGG_CACHE/node"
 NODE_RUN=/run/disagg-node
 NODE_OWNER="$NODE_RUN/cluster"
-# node_pid NAME: the recorded process of a node component while it still runs a binary named
-# NAME, whichever cache's (the caller compares /proc/PID/exe with its own $NODE_BIN).
-node_pid() {
+# recorded_pid PIDFILE BINARY: the process PIDFILE records while it still runs BINARY (a
+# pattern: */NAME matches any cache's binary of that name).
+recorded_pid() {
     local pid
-    pid=$(cat "$NODE_RUN/$1.pid" 2>/dev/null) || return 1
-    [[ "$(readlink "/proc/$pid/exe" 2>/dev/null)" == */"$1" ]] && echo "$pid"
+    pid=$(cat "$1" 2>/dev/null) || return 1
+    [[ "$(readlink "/proc/$pid/exe" 2>/dev/null)" == $2 ]] && echo "$pid"
+}
+# node_pid NAME [BIN]: the recorded process of a node component while it still runs BIN/NAME,
+# by default a binary named NAME from whichever cache.
+node_pid() { recorded_pid "$NODE_RUN/$1.pid" "${2:-*}/$1"; }
+# wait_for WHAT SECONDS COMMAND...: poll COMMAND (its output discarded) once a second until it
+# succeeds; past SECONDS, exit naming WHAT, the time since $start and the logs in $WAIT_LOGS.
+wait_for() {
+    local what=$1 deadline=$(($(date +%s) + $2))
+    shift 2
+    until "$@" >/dev/null 2>&1; do
+        if (($(date +%s) > deadline)); then
+            echo "$(basename "$0" .sh): $what not ready after $(($(date +%s) - start)) s;" \
+                "logs: $WAIT_LOGS" >&2
+            exit 1
+        fi
+        sleep 1
+    done
 }
 NODE_NAME=real-cpu-0
 # The node runs in its own network namespace, linked to the host by one veth pair; pods sit on

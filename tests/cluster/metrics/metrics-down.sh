@@ -15,8 +15,7 @@ fi
 
 for name in prometheus-adapter prometheus; do
     pidfile="$METRICS_STATE/$name.pid"
-    pid=$(cat "$pidfile" 2>/dev/null) || continue
-    if [[ "$(readlink "/proc/$pid/exe" 2>/dev/null)" == "$METRICS_BIN/$name" ]]; then
+    if pid=$(recorded_pid "$pidfile" "$METRICS_BIN/$name"); then
         kill "$pid"
         for _ in $(seq 30); do
             kill -0 "$pid" 2>/dev/null || break

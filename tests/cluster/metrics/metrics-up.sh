@@ -45,18 +45,7 @@ prometheus_port=$(free_port 127.0.0.1)
 adapter_port=$(free_port "$METRICS_HOST_IP")
 prometheus_url="http://127.0.0.1:$prometheus_port"
 
-# wait_for WHAT SECONDS COMMAND...: poll COMMAND once a second until it succeeds.
-wait_for() {
-    local what=$1 deadline=$(($(date +%s) + $2))
-    shift 2
-    until "$@" >/dev/null 2>&1; do
-        if (($(date +%s) > deadline)); then
-            echo "metrics-up: $what not ready after $(($(date +%s) - start)) s; logs: $METRICS_STATE/logs" >&2
-            exit 1
-        fi
-        sleep 1
-    done
-}
+WAIT_LOGS="$METRICS_STATE/logs"
 
 # The scrape config from deploy/prometheus: shorter intervals, the cluster's kubeconfig for pod
 # discovery, its rule file by absolute path; then the job `targets`.

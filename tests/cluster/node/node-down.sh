@@ -8,12 +8,6 @@ source "$(dirname "${BASH_SOURCE[0]}")/../env.sh"
 
 ctr=("$NODE_BIN/ctr" --address "$NODE_RUN/containerd.sock" -n k8s.io)
 
-# pid_of NAME: the recorded process of a node component, if it still runs this cache's binary.
-pid_of() {
-    local pid
-    pid=$(node_pid "$1") && [[ "$(readlink "/proc/$pid/exe")" == "$NODE_BIN/$1" ]] && echo "$pid"
-}
-
 # stop PID...: SIGTERM, then SIGKILL what still runs after 20 s.
 stop() {
     local pid deadline=$(($(date +%s) + 20))
@@ -33,13 +27,13 @@ fi
 
 stopped=()
 for name in kube-proxy kubelet; do
-    if pid=$(pid_of "$name"); then
+    if pid=$(node_pid "$name" "$NODE_BIN"); then
         stop "$pid"
         stopped+=("$name")
     fi
 done
 
-if pid=$(pid_of containerd); then
+if pid=$(node_pid containerd "$NODE_BIN"); then
     # The pods' containers and sandboxes go with the node (the kubelet is already stopped).
     tasks=$("${ctr[@]}" tasks ls -q 2>/dev/null || true)
     for task in $tasks; do "${ctr[@]}" tasks kill -a -s SIGKILL "$task" >/dev/null 2>&1 || true; done

@@ -30,28 +30,14 @@ fi
 "$NODE_SRC/images.sh" build pause >&2
 eval "$("$NODE_SRC/images.sh" env)"
 
-alive() { # alive NAME: the component's recorded process still runs this cache's binary
-    local pid
-    pid=$(node_pid "$1") && [[ "$(readlink "/proc/$pid/exe")" == "$NODE_BIN/$1" ]]
-}
+alive() { node_pid "$1" "$NODE_BIN" >/dev/null; } # alive NAME: it runs this cache's binary
 
 node_ready() {
     [[ "$("${kubectl[@]}" get node "$NODE_NAME" \
         -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null)" == True ]]
 }
 
-# wait_for WHAT SECONDS COMMAND...: poll COMMAND once a second until it succeeds.
-wait_for() {
-    local what=$1 deadline=$(($(date +%s) + $2))
-    shift 2
-    until "$@"; do
-        if (($(date +%s) > deadline)); then
-            echo "node-up: $what not ready after $(($(date +%s) - start)) s; logs: $NODE_STATE/logs" >&2
-            exit 1
-        fi
-        sleep 1
-    done
-}
+WAIT_LOGS="$NODE_STATE/logs"
 
 owner=$(cat "$NODE_OWNER" 2>/dev/null || true)
 if [[ "$owner" == "$CLUSTER_STATE" ]] && alive containerd && alive kubelet && alive kube-proxy &&
@@ -206,7 +192,7 @@ launch() {
 }
 
 launch containerd --config "$NODE_STATE/containerd.toml"
-wait_for containerd 60 "${ctr[@]}" version >/dev/null 2>&1
+wait_for containerd 60 "${ctr[@]}" version
 "$NODE_SRC/images.sh" import pause >&2
 
 # --- kubelet ---------------------------------------------------------------------------------
