@@ -29,6 +29,7 @@ import kube
 from disagg.bench import prometheus
 from disagg.bench.client import REUSED_TOKENS, ChatClient
 from disagg_contract import ENGINE_PORT, EXTRA_DECODER_TTL
+from disagg_operator.engine_metrics import REQUESTS_RUNNING
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "demo-cpu.yaml"
@@ -384,7 +385,6 @@ be generating through its preStop wait while the other conversations' next turns
 STATS_LAG_S = 10.0
 """How long a turn's D->P read may take to show in prefill's counter after the answer."""
 DECODE_SUCCESSES = "vllm:request_success_total"
-DECODE_RUNNING = "vllm:num_requests_running"
 SHUTDOWN_RELEASE = "Engine shutting down: releasing"
 ROUTER_AFFINITY = "disagg_router_decode_affinity_total"
 ROUTER_DRAINING = "disagg_router_replica_draining"
@@ -597,7 +597,8 @@ def test_decode_scaled_from_two_to_one_mid_conversation_moves_the_leaving_pods_c
         stream.start()
         kube.wait_for(
             lambda: (
-                prometheus.total(_samples(leaving), DECODE_RUNNING) >= 1 or not stream.is_alive()
+                prometheus.total(_samples(leaving), REQUESTS_RUNNING.name) >= 1
+                or not stream.is_alive()
             ),
             what="the stream generating on decode-1",
             timeout_s=TURN_TIMEOUT_S,
