@@ -19,6 +19,18 @@ from typing import Any
 METRICS = Path(__file__).resolve().parent / "metrics"
 UP_TIMEOUT_S = 300
 """metrics-up.sh's bound: the binaries cached, its own waits are a minute each."""
+BUILD_TIMEOUT_S = 3600
+"""build-metrics.sh's bound: cold, it downloads the modules and compiles all three."""
+
+
+def built_metrics_bin() -> Path:
+    """The folder of prometheus, promtool and prometheus-adapter, built (or found cached)."""
+    subprocess.run(["bash", str(METRICS / "build-metrics.sh")], check=True, timeout=BUILD_TIMEOUT_S)
+    out = subprocess.run(
+        ["bash", str(METRICS / "env.sh")], check=True, capture_output=True, text=True
+    ).stdout
+    env = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+    return Path(env["METRICS_BIN"])
 
 
 @dataclass(frozen=True)

@@ -28,9 +28,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
 from disagg_operator.models import DisaggregatedModelSpec
 from disagg_operator.render import render
 from dmodel_samples import EXAMPLES, load_example
+from metrics_pipeline import built_metrics_bin
 from operator_fixtures import REPO, small_model
 
-METRICS = REPO / "tests" / "cluster" / "metrics"
 CHART = REPO / "charts" / "disagg-operator"
 RULES = CHART / "files" / "prometheus" / "disagg-rules.yaml"
 RULES_TESTS = REPO / "deploy" / "prometheus" / "disagg-rules.test.yaml"
@@ -43,12 +43,7 @@ SD_TIMEOUT = "5s"
 @pytest.fixture(scope="module")
 def metrics_bin() -> Path:
     """The folder of prometheus, promtool and prometheus-adapter, built (or found cached)."""
-    subprocess.run(["bash", str(METRICS / "build-metrics.sh")], check=True, timeout=3600)
-    out = subprocess.run(
-        ["bash", str(METRICS / "env.sh")], check=True, capture_output=True, text=True
-    ).stdout
-    env = dict(line.split("=", 1) for line in out.splitlines())
-    return Path(env["METRICS_BIN"])
+    return built_metrics_bin()
 
 
 def _run(binary: Path, *args: str, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
