@@ -1,7 +1,8 @@
 """The local cluster's metrics pipeline for the cluster and e2e tests: Prometheus and
 prometheus-adapter as host processes serving custom.metrics.k8s.io to the cluster's
 HorizontalPodAutoscalers (tests/cluster/metrics/metrics-up.sh, stopped by metrics-down.sh),
-and the few Prometheus HTTP API reads the tests make."""
+the few Prometheus HTTP API reads the tests make, and what they read of the autoscaled roles
+through the API server (a pod's custom metric, the field managers of a workload's replicas)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import kube
 
 METRICS = Path(__file__).resolve().parent / "metrics"
 UP_TIMEOUT_S = 300
@@ -77,7 +80,9 @@ class MetricsPipeline:
 @contextmanager
 def metrics_pipeline() -> Iterator[MetricsPipeline]:
     """Start the pipeline of the cluster the environment names (DISAGG_CLUSTER_NAME) and stop
-    it afterwards (its APIService gone, so no client's discovery waits on it)."""
+    it afterwards (its APIService gone, so no client's discovery waits on it). The binaries
+    are built first, under the build's own bound (metrics-up.sh's is for starting them)."""
+    built_metrics_bin()
     proc = subprocess.run(
         ["bash", str(METRICS / "metrics-up.sh")],
         capture_output=True,
@@ -92,3 +97,27 @@ def metrics_pipeline() -> Iterator[MetricsPipeline]:
         yield MetricsPipeline(out["PROMETHEUS_URL"], Path(out["METRICS_TARGETS"]))
     finally:
         subprocess.run(["bash", str(METRICS / "metrics-down.sh")], check=True, timeout=120)
+
+
+def custom_metric(kubectl: kube.Kubectl, namespace: str, pod: str, metric: str) -> float | None:
+    """The pod's custom metric as the API server serves it (aggregated from the adapter), None
+    while the adapter has no value for it."""
+    path = f"/apis/custom.metrics.k8s.io/v1beta1/namespaces/{namespace}/pods/{pod}/{metric}"
+    proc = kubectl.run("get", "--raw", path, check=False)
+    if proc.returncode != 0:
+        return None
+    (item,) = json.loads(proc.stdout)["items"]
+    text: str = item["value"]
+    # A plain number or milli-units (`1500m`).
+    return float(text[:-1]) / 1000 if text.endswith("m") else float(text)
+
+
+def replica_owners(kubectl: kube.Kubectl, namespace: str, *statefulsets: str) -> set[str]:
+    """The field managers owning the StatefulSets' spec.replicas."""
+    owners: set[str] = set()
+    for name in statefulsets:
+        sts = kubectl.json("-n", namespace, "get", "statefulset", name, "--show-managed-fields")
+        for entry in sts["metadata"]["managedFields"]:
+            if "f:replicas" in (entry.get("fieldsV1") or {}).get("f:spec", {}):
+                owners.add(entry["manager"])
+    return owners

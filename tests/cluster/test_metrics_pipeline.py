@@ -29,7 +29,7 @@ import pytest
 import kube
 from disagg_operator.engine_metrics import REQUESTS_RUNNING, REQUESTS_WAITING, SIGNALS
 from disagg_operator.kubeapi import FIELD_MANAGER
-from metrics_pipeline import MetricsPipeline, metrics_pipeline
+from metrics_pipeline import MetricsPipeline, custom_metric, metrics_pipeline, replica_owners
 from operator_fixtures import StartOperator, crds, small_model, start_operator  # noqa: F401
 from operator_harness import ApiProxy, Request, wait_ready
 
@@ -125,21 +125,6 @@ def _scales_to(kubectl: kube.Kubectl, namespace: str, workload: str, replicas: i
     kube.wait_for(there, what=f"{workload} at {replicas}", timeout_s=SCALE_TIMEOUT_S, interval_s=1)
 
 
-def _custom_metric(kubectl: kube.Kubectl, namespace: str, pod: str, metric: str) -> float | None:
-    """The pod's custom metric as the API server serves it (aggregated from the adapter)."""
-    path = f"/apis/custom.metrics.k8s.io/v1beta1/namespaces/{namespace}/pods/{pod}/{metric}"
-    proc = kubectl.run("get", "--raw", path, check=False)
-    if proc.returncode != 0:
-        return None
-    (item,) = json.loads(proc.stdout)["items"]
-    return _quantity(item["value"])
-
-
-def _quantity(text: str) -> float:
-    """A custom metric's value: a plain number or milli-units (`1500m`)."""
-    return float(text[:-1]) / 1000 if text.endswith("m") else float(text)
-
-
 def _role_writes(proxy: ApiProxy, since: float) -> list[Request]:
     """The operator's writes to either role's StatefulSet (or its scale subresource)."""
     paths = (f"/statefulsets/{PREFILL}", f"/statefulsets/{DECODE}")
@@ -148,17 +133,6 @@ def _role_writes(proxy: ApiProxy, since: float) -> list[Request]:
         for w in proxy.writes(since)
         if any(w.path.endswith(p) or f"{p}/" in w.path for p in paths)
     ]
-
-
-def _replica_owners(kubectl: kube.Kubectl, namespace: str) -> set[str]:
-    """The field managers owning either role's StatefulSet spec.replicas."""
-    owners: set[str] = set()
-    for role in (PREFILL, DECODE):
-        sts = kubectl.json("-n", namespace, "get", "statefulset", role, "--show-managed-fields")
-        for entry in sts["metadata"]["managedFields"]:
-            if "f:replicas" in (entry.get("fieldsV1") or {}).get("f:spec", {}):
-                owners.add(entry["manager"])
-    return owners
 
 
 def _sets_replicas(write: Request) -> bool:
@@ -219,7 +193,7 @@ def test_the_hpa_scales_each_role_on_its_signal_through_prometheus_and_the_adapt
         # Load on prefill: 6 waiting requests against a target of 2 per server -> the maximum, 2.
         stand_in.values[(f"{PREFILL}-0", REQUESTS_WAITING.name)] = 6
         kube.wait_for(
-            lambda: _custom_metric(kubectl, namespace, f"{PREFILL}-0", waiting) == 6,
+            lambda: custom_metric(kubectl, namespace, f"{PREFILL}-0", waiting) == 6,
             what="the queue depth served as a custom metric",
             timeout_s=60,
         )
@@ -241,10 +215,10 @@ def test_the_hpa_scales_each_role_on_its_signal_through_prometheus_and_the_adapt
         for i in range(MAX_REPLICAS):
             stand_in.values[(f"{DECODE}-{i}", REQUESTS_RUNNING.name)] = 0
         _scales_to(kubectl, namespace, DECODE, 1)
-        assert _custom_metric(kubectl, namespace, f"{DECODE}-0", running) == 0
+        assert custom_metric(kubectl, namespace, f"{DECODE}-0", running) == 0
         hpa = kubectl.json("-n", namespace, "get", "horizontalpodautoscaler", DECODE)
         writes = _role_writes(proxy, mark)
-        owners = _replica_owners(kubectl, namespace)
+        owners = replica_owners(kubectl, namespace, PREFILL, DECODE)
         operator.assert_clean_stop()
 
     (current,) = hpa["status"]["currentMetrics"]
