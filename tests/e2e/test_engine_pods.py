@@ -4,13 +4,17 @@ pods on the real node, the model turns Ready only once its pods pass their /heal
 conversation through the router pod reads decode's KV back on turn 2 and answers as a
 recomputed turn does, and a decode pod deleted between turns comes back while the next turn
 recomputes without a client error, the operator pod killed while it reconciles a change
-converges when its Deployment brings it back, and a connector config change rolls the engine
-pods while the turns after it still reuse."""
+converges when its Deployment brings it back, a connector config change rolls the engine
+pods while the turns after it still reuse, decode scaled from two pods to one mid-conversation
+moves the leaving pod's conversations without an error, and each role, once autoscaled, scales
+out on its own signal through the real metrics pipeline (tests/cluster/metrics) and back."""
 
 from __future__ import annotations
 
 import ipaddress
+import itertools
 import json
+import math
 import subprocess
 import sys
 import threading
@@ -29,7 +33,9 @@ import kube
 from disagg.bench import prometheus
 from disagg.bench.client import REUSED_TOKENS, ChatClient
 from disagg_contract import ENGINE_PORT, EXTRA_DECODER_TTL
-from disagg_operator.engine_metrics import REQUESTS_RUNNING
+from disagg_operator.engine_metrics import REQUESTS_RUNNING, SIGNALS
+from disagg_operator.kubeapi import FIELD_MANAGER
+from metrics_pipeline import MetricsPipeline, custom_metric, metrics_pipeline, replica_owners
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "demo-cpu.yaml"
@@ -664,3 +670,308 @@ def test_decode_scaled_from_two_to_one_mid_conversation_moves_the_leaving_pods_c
     grew = {outcome: outcomes[outcome] - outcomes_before.get(outcome, 0.0) for outcome in outcomes}
     assert grew.pop("success", 0.0) == 2 * len(replayed), f"chat outcomes grew by {grew}"
     assert not any(grew.values()), f"client errors: {grew}"
+
+
+AUTOSCALED_MAX = 2
+QUEUE_TARGET = 2
+"""Prefill's queue-depth target: its load's clients (twice its maxNumSeqs, 4) keep about 4
+requests waiting, twice the target, so its autoscaler asks for its maximum."""
+RUNNING_TARGET = 2
+"""Decode's running-requests target: its load's clients (its maxNumSeqs), each streaming a long
+answer after a short prefill, keep about 4 streams running."""
+PREFILL_LOAD_CLIENTS = 8
+DECODE_LOAD_CLIENTS = 4
+DECODE_LOAD_TOKENS = 800
+HOLD_WINDOW_S = 3600
+"""The scale-down window while the added pods start: they start on the cores the load left."""
+RELEASE_WINDOW_S = 20
+"""The scale-down window the test then sets, short enough to see it pass."""
+HPA_SYNC_S = 15
+"""The HorizontalPodAutoscaler controller's sync period (kube-controller-manager's default)."""
+SCALE_TIMEOUT_S = 240
+"""A scale decision: a scrape (2 s), the adapter's re-list (5 s), one or two autoscaler syncs,
+after the load's requests reached their steady queue."""
+REUSE_TURNS = "disagg_router_reuse_turns_total"
+
+
+def _facts_prompt(index: int) -> str:
+    """A first message of its own of about 1,000 tokens: a CPU prefill of a few seconds."""
+    facts = " ".join(
+        f"Fact {i}: item {i} of batch {index} is {(i * 7 + index) % 101}." for i in range(30)
+    )
+    return f"Remember these. {facts} Summarise item {index % 30}."
+
+
+class _Load:
+    """`clients` threads sending turns through the router, each a new first message without a
+    conversation_id, from entering the block until leaving it (or SCALE_TIMEOUT_S twice over):
+    how many turns they finished and what failed."""
+
+    def __init__(
+        self,
+        router: str,
+        model: str,
+        clients: int,
+        prompt: Callable[[int], str],
+        max_tokens: int,
+    ) -> None:
+        self.router, self.model, self.prompt, self.max_tokens = router, model, prompt, max_tokens
+        self.turns = 0
+        self.failures: list[Exception] = []
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._threads = [
+            threading.Thread(target=self._client, args=(i,), daemon=True) for i in range(clients)
+        ]
+
+    def _client(self, index: int) -> None:
+        client = ChatClient(self.router, timeout_s=TURN_TIMEOUT_S)
+        deadline = time.monotonic() + 2 * SCALE_TIMEOUT_S
+        sent = 0
+        try:
+            while not self._stop.is_set() and time.monotonic() < deadline:
+                message = {"role": "user", "content": self.prompt(index * 1000 + sent)}
+                client.turn(self.model, [message], self.max_tokens, None)
+                sent += 1
+                with self._lock:
+                    self.turns += 1
+        except Exception as failure:  # the test's thread reports it
+            self.failures.append(failure)
+        finally:
+            client.close()
+
+    def __enter__(self) -> _Load:
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(TURN_TIMEOUT_S)
+
+
+@contextmanager
+def _statefulset_versions(
+    kubectl: kube.Kubectl, namespace: str
+) -> Iterator[list[tuple[str, int, int]]]:
+    """Every version of the model's StatefulSets the API server serves while the block runs, as
+    (name, spec.replicas, metadata.generation): a watch of the API itself, one event a line."""
+    selector = f"app.kubernetes.io/instance={MODEL}"
+    path = f"/apis/apps/v1/namespaces/{namespace}/statefulsets?watch=1&labelSelector={selector}"
+    command = [str(kubectl.binary), "--kubeconfig", str(kubectl.kubeconfig), "get", "--raw", path]
+    versions: list[tuple[str, int, int]] = []
+    watcher = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    assert watcher.stdout is not None
+    stdout = watcher.stdout
+
+    def read() -> None:
+        for line in stdout:
+            sts = json.loads(line)["object"]
+            meta = sts["metadata"]
+            versions.append((meta["name"], int(sts["spec"]["replicas"]), int(meta["generation"])))
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        kube.wait_for(lambda: len(versions) >= 2, what="the watch of both StatefulSets")
+        yield versions
+    finally:
+        watcher.kill()
+        watcher.wait()
+        reader.join(10)
+
+
+def _scale_steps(versions: list[tuple[str, int, int]], name: str) -> list[int]:
+    """The replica counts one StatefulSet went through, in order, repeats folded."""
+    steps: list[int] = []
+    for version, replicas, _ in versions:
+        if version == name and steps[-1:] != [replicas]:
+            steps.append(replicas)
+    return steps
+
+
+def _rewrites(versions: list[tuple[str, int, int]], name: str) -> list[tuple[int, int]]:
+    """One StatefulSet's spec changes (a new generation) that left its replica count as it was:
+    (generation, replicas) of each."""
+    ours = [(replicas, generation) for version, replicas, generation in versions if version == name]
+    return [
+        (generation, replicas)
+        for (was, before), (replicas, generation) in itertools.pairwise(ours)
+        if generation > before and replicas == was
+    ]
+
+
+def _autoscale(kubectl: kube.Kubectl, namespace: str) -> None:
+    """Hand both roles' replica counts to autoscalers (prefill on its queue depth, decode on its
+    running requests), holding added replicas for HOLD_WINDOW_S."""
+    ops = []
+    for role, signal, target in (
+        ("prefill", "queueDepth", QUEUE_TARGET),
+        ("decode", "runningRequests", RUNNING_TARGET),
+    ):
+        autoscaling = {
+            "maxReplicas": AUTOSCALED_MAX,
+            "signal": signal,
+            "target": target,
+            "behavior": {"scaleDownStabilizationWindowSeconds": HOLD_WINDOW_S},
+        }
+        ops += [
+            {"op": "remove", "path": f"/spec/{role}/replicas"},
+            {"op": "add", "path": f"/spec/{role}/autoscaling", "value": autoscaling},
+        ]
+    kubectl("-n", namespace, "patch", "dmodel", MODEL, "--type=json", "-p", json.dumps(ops))
+
+
+def _release_window(kubectl: kube.Kubectl, namespace: str, seconds: int) -> None:
+    behavior = {"autoscaling": {"behavior": {"scaleDownStabilizationWindowSeconds": seconds}}}
+    body = json.dumps({"spec": {"prefill": behavior, "decode": behavior}})
+    kubectl("-n", namespace, "patch", "dmodel", MODEL, "--type=merge", "-p", body)
+
+
+def _replicas(kubectl: kube.Kubectl, namespace: str, role: str) -> int:
+    sts = kubectl.json("-n", namespace, "get", "statefulset", f"{MODEL}-{role}")
+    return int(sts["spec"]["replicas"])
+
+
+def _serving(kubectl: kube.Kubectl, namespace: str, router: str, count: int) -> bool:
+    """`count` Ready pods of each role, the model converged, the router counting exactly them
+    healthy."""
+    pods = _engine_pods(kubectl, namespace)
+    if len(pods) != 2 * count or not all(kube.condition_true(pod, "Ready") for pod in pods):
+        return False
+    healthy = {
+        sample.labels["replica"]
+        for sample in _samples(router)
+        if sample.name == ROUTER_HEALTHY and sample.value == 1
+    }
+    urls = {f"http://{p['status']['podIP']}:{ENGINE_PORT}" for p in pods}
+    return healthy == urls and _converged(kubectl, namespace)
+
+
+def _hit_ratios(
+    router: str, pipeline: MetricsPipeline, namespace: str
+) -> tuple[float, float] | None:
+    """The reuse hit ratio as the router's /metrics has it and as Prometheus's query of the
+    router pod's series gives it, once they agree (None before: not scraped since)."""
+    turns = {
+        sample.labels["result"]: sample.value
+        for sample in _samples(router)
+        if sample.name == REUSE_TURNS
+    }
+    own = turns["hit"] / (turns["hit"] + turns["miss"])
+    selector = f'namespace="{namespace}",app_kubernetes_io_component="router"'
+    queried = pipeline.value(
+        f'sum({REUSE_TURNS}{{{selector},result="hit"}}) / sum({REUSE_TURNS}{{{selector}}})'
+    )
+    return (own, queried) if queried is not None and math.isclose(own, queried) else None
+
+
+def test_each_role_scales_on_its_own_signal_through_the_real_metrics_pipeline_and_back(
+    served: Served, kubectl: kube.Kubectl, pods_report: Callable[[str], str]
+) -> None:
+    """Both roles autoscaled (the last test of the module: the model keeps its autoscalers),
+    Prometheus scraping the real pods and prometheus-adapter serving their series: queued
+    prefills make the real HorizontalPodAutoscaler add a prefill pod, then long answers a decode
+    pod; both new pods start, serve and stay while the scale-down window holds them, and both
+    roles return to one pod once a short window passes. Neither role's replica count is ever set
+    back under its autoscaler (every StatefulSet version watched, none rewritten but for its
+    replicas, the operator owning neither count), no load turn fails, and Prometheus's reuse hit
+    ratio equals the router's."""
+    namespace, router = served.namespace, served.router
+    queue = SIGNALS["queueDepth"].hpa_metric
+    running = SIGNALS["runningRequests"].hpa_metric
+    client = ChatClient(router, timeout_s=TURN_TIMEOUT_S)
+    try:
+        with metrics_pipeline() as pipeline, _statefulset_versions(kubectl, namespace) as versions:
+            _autoscale(kubectl, namespace)
+            kube.wait_for(
+                lambda: (
+                    custom_metric(kubectl, namespace, f"{MODEL}-prefill-0", queue) is not None
+                    and custom_metric(kubectl, namespace, f"{MODEL}-decode-0", running) is not None
+                ),
+                what="both engines' signals served as custom metrics",
+                timeout_s=120,
+            )
+            model = client.model()
+            peaks = {"prefill": 0.0, "decode": 0.0}
+
+            def scaled(role: str, metric: str) -> bool:
+                value = custom_metric(kubectl, namespace, f"{MODEL}-{role}-0", metric) or 0.0
+                peaks[role] = max(peaks[role], value)
+                return _replicas(kubectl, namespace, role) == AUTOSCALED_MAX
+
+            with _Load(router, model, PREFILL_LOAD_CLIENTS, _facts_prompt, 2) as prefill_load:
+                kube.wait_for(
+                    lambda: scaled("prefill", queue),
+                    what="the prefill autoscaler adding a pod",
+                    timeout_s=SCALE_TIMEOUT_S,
+                    interval_s=1,
+                )
+            decode_before = _replicas(kubectl, namespace, "decode")
+            with _Load(
+                router, model, DECODE_LOAD_CLIENTS, _opening, DECODE_LOAD_TOKENS
+            ) as decode_load:
+                kube.wait_for(
+                    lambda: scaled("decode", running),
+                    what="the decode autoscaler adding a pod",
+                    timeout_s=SCALE_TIMEOUT_S,
+                    interval_s=1,
+                )
+            unloaded = time.monotonic()
+            try:
+                kube.wait_for(
+                    lambda: _serving(kubectl, namespace, router, AUTOSCALED_MAX),
+                    what="the added prefill and decode pods Ready and in the router's view",
+                    timeout_s=READY_TIMEOUT_S,
+                    interval_s=2,
+                )
+            except TimeoutError as timeout:
+                pytest.fail(f"{timeout}\n{pods_report(namespace)}", pytrace=False)
+            # Idle long enough for a short window to have let them go, the long one holds them.
+            time.sleep(max(0.0, unloaded + RELEASE_WINDOW_S + 2 * HPA_SYNC_S - time.monotonic()))
+            held = {role: _replicas(kubectl, namespace, role) for role in ("prefill", "decode")}
+            _release_window(kubectl, namespace, RELEASE_WINDOW_S)
+            released = time.monotonic()
+            try:
+                kube.wait_for(
+                    lambda: _serving(kubectl, namespace, router, 1),
+                    what="both roles back to one pod once the short window passed",
+                    timeout_s=SCALE_TIMEOUT_S + RELEASE_WINDOW_S,
+                    interval_s=1,
+                )
+            except TimeoutError as timeout:
+                pytest.fail(f"{timeout}\n{pods_report(namespace)}", pytrace=False)
+            scaled_down_after = time.monotonic() - released
+            hpas = {
+                role: kubectl.json(
+                    "-n", namespace, "get", "horizontalpodautoscaler", f"{MODEL}-{role}"
+                )
+                for role in ("prefill", "decode")
+            }
+            owners = replica_owners(kubectl, namespace, f"{MODEL}-prefill", f"{MODEL}-decode")
+            ratios = kube.wait_for(
+                lambda: _hit_ratios(router, pipeline, namespace),
+                what="Prometheus's reuse hit ratio of the router pod equal to the router's own",
+                timeout_s=60,
+            )
+    finally:
+        client.close()
+    assert not prefill_load.failures and not decode_load.failures, (
+        f"load turns failed: {[*prefill_load.failures, *decode_load.failures]}"
+    )
+    assert peaks["prefill"] > QUEUE_TARGET, f"the prefill queue never passed its target: {peaks}"
+    assert peaks["decode"] > RUNNING_TARGET, f"decode's streams never passed their target: {peaks}"
+    assert decode_before == 1, "decode scaled on prefill's load"
+    assert held == {"prefill": AUTOSCALED_MAX, "decode": AUTOSCALED_MAX}, (
+        f"idle {RELEASE_WINDOW_S + 2 * HPA_SYNC_S} s, the long window let pods go: {held}"
+    )
+    assert scaled_down_after >= RELEASE_WINDOW_S
+    for role, metric in (("prefill", queue), ("decode", running)):
+        name = f"{MODEL}-{role}"
+        assert _scale_steps(versions, name) == [1, AUTOSCALED_MAX, 1], versions
+        assert not _rewrites(versions, name), f"{name} rewritten under its autoscaler: {versions}"
+        (current,) = hpas[role]["status"]["currentMetrics"]
+        assert current["pods"]["metric"]["name"] == metric, current
+    assert FIELD_MANAGER not in owners, owners
+    assert 0 < ratios[0] < 1, f"reuse hit ratio {ratios[0]}: the module's turns hit and missed"
