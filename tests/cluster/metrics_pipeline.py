@@ -112,6 +112,12 @@ def custom_metric(kubectl: kube.Kubectl, namespace: str, pod: str, metric: str) 
     return float(text[:-1]) / 1000 if text.endswith("m") else float(text)
 
 
+def spec_replicas(kubectl: kube.Kubectl, namespace: str, statefulset: str) -> int:
+    """The StatefulSet's spec.replicas (its autoscaler's decision while it has one)."""
+    sts = kubectl.json("-n", namespace, "get", "statefulset", statefulset)
+    return int(sts["spec"]["replicas"])
+
+
 def replica_owners(kubectl: kube.Kubectl, namespace: str, *statefulsets: str) -> set[str]:
     """The field managers owning the StatefulSets' spec.replicas."""
     owners: set[str] = set()

@@ -29,7 +29,13 @@ import pytest
 import kube
 from disagg_operator.engine_metrics import REQUESTS_RUNNING, REQUESTS_WAITING, SIGNALS
 from disagg_operator.kubeapi import FIELD_MANAGER
-from metrics_pipeline import MetricsPipeline, custom_metric, metrics_pipeline, replica_owners
+from metrics_pipeline import (
+    MetricsPipeline,
+    custom_metric,
+    metrics_pipeline,
+    replica_owners,
+    spec_replicas,
+)
 from operator_fixtures import StartOperator, crds, small_model, start_operator  # noqa: F401
 from operator_harness import ApiProxy, Request, wait_ready
 
@@ -103,11 +109,6 @@ def stand_in() -> Iterator[EngineStandIn]:
     served.close()
 
 
-def _replicas(kubectl: kube.Kubectl, namespace: str, workload: str) -> int:
-    sts = kubectl.json("-n", namespace, "get", "statefulset", workload)
-    return int(sts["spec"]["replicas"])
-
-
 def _ready_pods(kubectl: kube.Kubectl, namespace: str, workload: str) -> int:
     sts = kubectl.json("-n", namespace, "get", "statefulset", workload)
     return int(sts.get("status", {}).get("readyReplicas") or 0)
@@ -118,7 +119,7 @@ def _scales_to(kubectl: kube.Kubectl, namespace: str, workload: str, replicas: i
 
     def there() -> bool:
         return (
-            _replicas(kubectl, namespace, workload) == replicas
+            spec_replicas(kubectl, namespace, workload) == replicas
             and _ready_pods(kubectl, namespace, workload) == replicas
         )
 
@@ -199,7 +200,7 @@ def test_the_hpa_scales_each_role_on_its_signal_through_prometheus_and_the_adapt
         )
         _scales_to(kubectl, namespace, PREFILL, 2)
         stand_in.values[(f"{PREFILL}-1", REQUESTS_WAITING.name)] = 6
-        assert _replicas(kubectl, namespace, DECODE) == 1
+        assert spec_replicas(kubectl, namespace, DECODE) == 1
 
         # The load moves to decode: prefill back to 1 after its window, decode up to 2.
         unloaded = time.monotonic()

@@ -35,7 +35,13 @@ from disagg.bench.client import REUSED_TOKENS, ChatClient
 from disagg_contract import ENGINE_PORT, EXTRA_DECODER_TTL
 from disagg_operator.engine_metrics import REQUESTS_RUNNING, SIGNALS
 from disagg_operator.kubeapi import FIELD_MANAGER
-from metrics_pipeline import MetricsPipeline, custom_metric, metrics_pipeline, replica_owners
+from metrics_pipeline import (
+    MetricsPipeline,
+    custom_metric,
+    metrics_pipeline,
+    replica_owners,
+    spec_replicas,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "demo-cpu.yaml"
@@ -420,14 +426,14 @@ class _Chat:
         self.turns.append((sent, max_tokens, reply.text))
 
 
-def _opening(index: int) -> str:
-    """A first message of its own per conversation, a few KV blocks more than prefill's
-    recompute threshold: short, so that the moved conversations' recomputed turns all run
-    while decode-1 drains."""
-    facts = " ".join(
-        f"Fact {i}: item {i} of list {index} is {(i * 7 + index) % 101}." for i in range(16)
+def _opening(index: int, facts: int = 16) -> str:
+    """A first message of its own per conversation; by default a few KV blocks more than
+    prefill's recompute threshold: short, so that the moved conversations' recomputed turns all
+    run while decode-1 drains."""
+    listed = " ".join(
+        f"Fact {i}: item {i} of list {index} is {(i * 7 + index) % 101}." for i in range(facts)
     )
-    return f"Remember these. {facts} Summarise item {index % 16}."
+    return f"Remember these. {listed} Summarise item {index % facts}."
 
 
 def _samples(url: str) -> list[prometheus.Sample]:
@@ -694,18 +700,15 @@ after the load's requests reached their steady queue."""
 REUSE_TURNS = "disagg_router_reuse_turns_total"
 
 
-def _facts_prompt(index: int) -> str:
+def _long_opening(index: int) -> str:
     """A first message of its own of about 1,000 tokens: a CPU prefill of a few seconds."""
-    facts = " ".join(
-        f"Fact {i}: item {i} of batch {index} is {(i * 7 + index) % 101}." for i in range(30)
-    )
-    return f"Remember these. {facts} Summarise item {index % 30}."
+    return _opening(index, facts=30)
 
 
 class _Load:
     """`clients` threads sending turns through the router, each a new first message without a
     conversation_id, from entering the block until leaving it (or SCALE_TIMEOUT_S twice over):
-    how many turns they finished and what failed."""
+    what failed."""
 
     def __init__(
         self,
@@ -716,10 +719,8 @@ class _Load:
         max_tokens: int,
     ) -> None:
         self.router, self.model, self.prompt, self.max_tokens = router, model, prompt, max_tokens
-        self.turns = 0
         self.failures: list[Exception] = []
         self._stop = threading.Event()
-        self._lock = threading.Lock()
         self._threads = [
             threading.Thread(target=self._client, args=(i,), daemon=True) for i in range(clients)
         ]
@@ -733,8 +734,6 @@ class _Load:
                 message = {"role": "user", "content": self.prompt(index * 1000 + sent)}
                 client.turn(self.model, [message], self.max_tokens, None)
                 sent += 1
-                with self._lock:
-                    self.turns += 1
         except Exception as failure:  # the test's thread reports it
             self.failures.append(failure)
         finally:
@@ -829,11 +828,6 @@ def _release_window(kubectl: kube.Kubectl, namespace: str, seconds: int) -> None
     kubectl("-n", namespace, "patch", "dmodel", MODEL, "--type=merge", "-p", body)
 
 
-def _replicas(kubectl: kube.Kubectl, namespace: str, role: str) -> int:
-    sts = kubectl.json("-n", namespace, "get", "statefulset", f"{MODEL}-{role}")
-    return int(sts["spec"]["replicas"])
-
-
 def _serving(kubectl: kube.Kubectl, namespace: str, router: str, count: int) -> bool:
     """`count` Ready pods of each role, the model converged, the router counting exactly them
     healthy."""
@@ -899,16 +893,16 @@ def test_each_role_scales_on_its_own_signal_through_the_real_metrics_pipeline_an
             def scaled(role: str, metric: str) -> bool:
                 value = custom_metric(kubectl, namespace, f"{MODEL}-{role}-0", metric) or 0.0
                 peaks[role] = max(peaks[role], value)
-                return _replicas(kubectl, namespace, role) == AUTOSCALED_MAX
+                return spec_replicas(kubectl, namespace, f"{MODEL}-{role}") == AUTOSCALED_MAX
 
-            with _Load(router, model, PREFILL_LOAD_CLIENTS, _facts_prompt, 2) as prefill_load:
+            with _Load(router, model, PREFILL_LOAD_CLIENTS, _long_opening, 2) as prefill_load:
                 kube.wait_for(
                     lambda: scaled("prefill", queue),
                     what="the prefill autoscaler adding a pod",
                     timeout_s=SCALE_TIMEOUT_S,
                     interval_s=1,
                 )
-            decode_before = _replicas(kubectl, namespace, "decode")
+            decode_before = spec_replicas(kubectl, namespace, f"{MODEL}-decode")
             with _Load(
                 router, model, DECODE_LOAD_CLIENTS, _opening, DECODE_LOAD_TOKENS
             ) as decode_load:
@@ -930,7 +924,10 @@ def test_each_role_scales_on_its_own_signal_through_the_real_metrics_pipeline_an
                 pytest.fail(f"{timeout}\n{pods_report(namespace)}", pytrace=False)
             # Idle long enough for a short window to have let them go, the long one holds them.
             time.sleep(max(0.0, unloaded + RELEASE_WINDOW_S + 2 * HPA_SYNC_S - time.monotonic()))
-            held = {role: _replicas(kubectl, namespace, role) for role in ("prefill", "decode")}
+            held = {
+                role: spec_replicas(kubectl, namespace, f"{MODEL}-{role}")
+                for role in ("prefill", "decode")
+            }
             _release_window(kubectl, namespace, RELEASE_WINDOW_S)
             released = time.monotonic()
             try:
