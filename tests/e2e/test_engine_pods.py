@@ -947,6 +947,11 @@ def test_each_role_scales_on_its_own_signal_through_the_real_metrics_pipeline_an
                 for role in ("prefill", "decode")
             }
             owners = replica_owners(kubectl, namespace, f"{MODEL}-prefill", f"{MODEL}-decode")
+            # A conversation of its own, so the router counts a miss (turn 1) and a hit (turn 2)
+            # whichever tests ran before.
+            chat = _Chat(f"e2e-autoscaled-{time.time_ns():x}")
+            chat.ask(client, model, _opening(0))
+            chat.ask(client, model, "And item 4?")
             ratios = kube.wait_for(
                 lambda: _hit_ratios(router, pipeline, namespace),
                 what="Prometheus's reuse hit ratio of the router pod equal to the router's own",
