@@ -2,8 +2,8 @@
 # Start the local control plane (kwokctl, binary runtime, binaries from build.sh) or reuse it
 # when it already runs; register the fake nodes, and with DISAGG_REAL_NODE=1 start the real
 # node beside them (node/node-up.sh); start the LeaderWorkerSet controller (lws-up.sh); print
-# the kubeconfig path on the last line. Every cluster's API server serves the aggregation layer
-# (aggregation_args), so a running cluster created without it is replaced.
+# the kubeconfig path on the last line. A running cluster created without extra_args' flags
+# (the aggregation layer, long leader leases) is replaced.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 
@@ -22,31 +22,50 @@ api_ready() {
     [[ -s "$CLUSTER_KUBECONFIG" ]] && "${kubectl[@]}" get --raw /readyz >/dev/null 2>&1
 }
 
-# The API server's flags for the aggregation layer (an APIService served by a process beside
-# the cluster, such as prometheus-adapter's custom.metrics.k8s.io, metrics/metrics-up.sh): it
-# trusts kwokctl's CA for the front-proxy client certificate it already presents (the admin
-# certificate, CN kwok-admin) and the user and groups that certificate forwards, and it dials
-# an APIService's endpoints itself (nothing on the host routes the fake nodes' Service IPs).
-aggregation_args() {
+# The components' extra flags, printed as kwokctl --extra-args:
+#   - the API server serves the aggregation layer (an APIService served by a process beside
+#     the cluster, such as prometheus-adapter's custom.metrics.k8s.io, metrics/metrics-up.sh):
+#     it trusts kwokctl's CA for the front-proxy client certificate it already presents (the
+#     admin certificate, CN kwok-admin) and the user and groups that certificate forwards, and
+#     it dials an APIService's endpoints itself (nothing on the host routes the fake nodes'
+#     Service IPs);
+#   - the controller-manager and the scheduler keep their leader lease through minutes of
+#     starved cores: each exits when it misses the renew deadline (10 s by default), and the
+#     real node's engines can hold both cores that long; nothing restarts them, so a lost lease
+#     would leave the cluster without controllers (no ServiceAccounts, no namespace deletion).
+#   kwokctl v0.8.0 files a flag under the patch at the flag's own position in the list (its
+#   mutationComponentPatches), so the first flag of each component comes first, in order.
+LEADER_ELECTION_ARGS=(leader-elect-lease-duration=300s leader-elect-renew-deadline=280s
+    leader-elect-retry-period=2s)
+extra_args() {
     local pki="$KWOK_WORKDIR/clusters/$CLUSTER_NAME/pki" arg
-    for arg in "requestheader-client-ca-file=$pki/ca.crt" requestheader-allowed-names=kwok-admin \
-        requestheader-username-headers=X-Remote-User requestheader-group-headers=X-Remote-Group \
-        requestheader-extra-headers-prefix=X-Remote-Extra- enable-aggregator-routing=true; do
-        echo "--extra-args=kube-apiserver=$arg"
+    local apiserver=("requestheader-client-ca-file=$pki/ca.crt" requestheader-allowed-names=kwok-admin
+        requestheader-username-headers=X-Remote-User requestheader-group-headers=X-Remote-Group
+        requestheader-extra-headers-prefix=X-Remote-Extra- enable-aggregator-routing=true)
+    local -a flags=("kube-apiserver=${apiserver[0]}"
+        "kube-controller-manager=${LEADER_ELECTION_ARGS[0]}"
+        "kube-scheduler=${LEADER_ELECTION_ARGS[0]}")
+    for arg in "${apiserver[@]:1}"; do
+        flags+=("kube-apiserver=$arg")
     done
+    for arg in "${LEADER_ELECTION_ARGS[@]:1}"; do
+        flags+=("kube-controller-manager=$arg" "kube-scheduler=$arg")
+    done
+    printf -- '--extra-args=%s\n' "${flags[@]}"
 }
 
-# Whether the cluster's components were created with aggregation_args (kwok.yaml holds them).
-aggregating() {
-    grep -q -- "--enable-aggregator-routing=true" \
-        "$KWOK_WORKDIR/clusters/$CLUSTER_NAME/kwok.yaml" 2>/dev/null
+# Whether the cluster's components were created with extra_args (kwok.yaml holds them).
+current() {
+    local kwok_yaml="$KWOK_WORKDIR/clusters/$CLUSTER_NAME/kwok.yaml"
+    grep -q -- "--enable-aggregator-routing=true" "$kwok_yaml" 2>/dev/null &&
+        grep -q -- "--${LEADER_ELECTION_ARGS[1]}" "$kwok_yaml"
 }
 
 # The components kwokctl starts outlive this script: they must not inherit the lock (fd 8).
 # With the real node, kwokctl also reads node/kwokctl-config.sh's settings.
 create() {
     local config=() extra
-    mapfile -t extra < <(aggregation_args)
+    mapfile -t extra < <(extra_args)
     if [[ "$REAL_NODE" == 1 ]]; then
         "$NODE_SRC/kwokctl-config.sh" >"$CLUSTER_STATE/kwokctl-real-node.yaml"
         config=(--config "$CLUSTER_STATE/kwokctl-real-node.yaml")
@@ -84,16 +103,16 @@ cluster_ready() {
         "${kubectl[@]}" -n default get serviceaccount default >/dev/null 2>&1
 }
 
-if api_ready && aggregating; then
+if api_ready && current; then
     echo "cluster-up: reusing running cluster $CLUSTER_NAME" >&2
     since=$((start - 60))
 else
     if [[ -d "$KWOK_WORKDIR/clusters/$CLUSTER_NAME" ]]; then
         # A stopped cluster restarts slower than a new one starts (its components wait for
         # the old leases to expire) and the tests need none of its state: replace it, and a
-        # running one created without the aggregation layer (an older cluster-up's).
+        # running one created without extra_args' flags (an older cluster-up's).
         if api_ready; then
-            echo "cluster-up: replacing cluster $CLUSTER_NAME, created without the aggregation layer" >&2
+            echo "cluster-up: replacing cluster $CLUSTER_NAME, created without today's flags" >&2
         else
             echo "cluster-up: replacing stopped cluster $CLUSTER_NAME" >&2
         fi
