@@ -56,7 +56,20 @@ def idle_cpu_percent(server: EngineServer, seconds: float) -> float:
 
 def sample(server: EngineServer, name: str, **labels: str) -> float:
     """Sum of an engine's Prometheus samples of ``name`` whose labels include ``labels``."""
+    return _summed(httpx.get(f"{server.url}/metrics", timeout=10).text, name, labels)
+
+
+def retention_ledger(server: EngineServer) -> float:
+    """Decode's retentions held now plus those it ever freed, from one ``/metrics`` read: it
+    grows by one with each new retention and by nothing else (a free moves one from the first
+    term to the second in the same stats report)."""
     text = httpx.get(f"{server.url}/metrics", timeout=10).text
+    return _summed(text, "vllm:disagg_kv_retained_requests", {}) + _summed(
+        text, "vllm:disagg_kv_retention_frees_total", {}
+    )
+
+
+def _summed(text: str, name: str, labels: dict[str, str]) -> float:
     total = 0.0
     for match in re.finditer(rf"^{re.escape(name)}(?:\{{([^}}]*)\}})? ([0-9.e+-]+)$", text, re.M):
         found = dict(re.findall(r'(\w+)="([^"]*)"', match.group(1) or ""))
