@@ -928,8 +928,9 @@ def test_each_role_scales_on_its_own_signal_through_the_real_metrics_pipeline_an
                 role: spec_replicas(kubectl, namespace, f"{MODEL}-{role}")
                 for role in ("prefill", "decode")
             }
+            # Idle for longer than the short window already: the autoscaler may let them go at
+            # its next sync, so how soon they go after this patch has no lower bound.
             _release_window(kubectl, namespace, RELEASE_WINDOW_S)
-            released = time.monotonic()
             try:
                 kube.wait_for(
                     lambda: _serving(kubectl, namespace, router, 1),
@@ -939,7 +940,6 @@ def test_each_role_scales_on_its_own_signal_through_the_real_metrics_pipeline_an
                 )
             except TimeoutError as timeout:
                 pytest.fail(f"{timeout}\n{pods_report(namespace)}", pytrace=False)
-            scaled_down_after = time.monotonic() - released
             hpas = {
                 role: kubectl.json(
                     "-n", namespace, "get", "horizontalpodautoscaler", f"{MODEL}-{role}"
@@ -968,7 +968,6 @@ def test_each_role_scales_on_its_own_signal_through_the_real_metrics_pipeline_an
     assert held == {"prefill": AUTOSCALED_MAX, "decode": AUTOSCALED_MAX}, (
         f"idle {RELEASE_WINDOW_S + 2 * HPA_SYNC_S} s, the long window let pods go: {held}"
     )
-    assert scaled_down_after >= RELEASE_WINDOW_S
     for role, metric in (("prefill", queue), ("decode", running)):
         name = f"{MODEL}-{role}"
         assert _scale_steps(versions, name) == [1, AUTOSCALED_MAX, 1], versions
