@@ -3,7 +3,8 @@
 Load it with ``--kv-transfer-config '{"kv_connector": "DisaggConnector",
 "kv_connector_module_path": "disagg_connector.connector", ...}'``. The facade delegates by
 role: the scheduler side is :class:`DisaggConnectorScheduler`, the worker side is vLLM's own
-NIXL pull worker (built with a paced progress thread when asked, see :mod:`nixl_pacing`).
+NIXL pull worker (built with a paced progress thread when asked, see :mod:`nixl_pacing`, and
+on the compute cores it was given, see :mod:`cpu_affinity`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.nixl.pull_worker import (
     NixlPullConnectorWorker,
 )
 
+from disagg_connector.cpu_affinity import kept_cpu_affinity
 from disagg_connector.nixl_pacing import paced_progress_thread, progress_delay_from_env
 from disagg_connector.scheduler import DisaggConnectorScheduler
 from disagg_connector.stats import DisaggKVConnectorStats, DisaggPromMetrics
@@ -52,7 +54,10 @@ class DisaggConnector(NixlPullConnector):
             self.connector_worker = None
         elif role == KVConnectorRole.WORKER:
             self.connector_scheduler = None
-            with paced_progress_thread(base_worker.NixlWrapper, progress_delay_from_env()):
+            with (
+                kept_cpu_affinity(),
+                paced_progress_thread(base_worker.NixlWrapper, progress_delay_from_env()),
+            ):
                 worker = NixlPullConnectorWorker(vllm_config, self.engine_id, kv_cache_config)
             worker.xfer_stats = DisaggKVConnectorStats()
             self.connector_worker = worker

@@ -1,7 +1,9 @@
-"""Idle-step waiting on the engine's input queue, and NIXL progress pacing settings."""
+"""Idle-step waiting on the engine's input queue, NIXL progress pacing settings, and the
+worker thread's cores kept while vLLM builds its NIXL worker."""
 
 from __future__ import annotations
 
+import os
 import queue
 import sys
 import threading
@@ -10,6 +12,7 @@ import types
 
 import pytest
 
+from disagg_connector.cpu_affinity import kept_cpu_affinity
 from disagg_connector.idle_wait import EngineInputWaiter, find_engine_core
 from disagg_connector.nixl_pacing import paced_progress_thread, progress_delay_from_env
 from disagg_contract import IDLE_STEP_WAIT_ENV, NIXL_PROGRESS_DELAY_ENV
@@ -116,3 +119,35 @@ def test_pacing_sets_the_delay_only_inside_the_block(monkeypatch: pytest.MonkeyP
     assert module.nixlBind is bindings
     with paced_progress_thread(agent_class, 0):
         assert module.nixlBind is bindings
+
+
+def _affinity_after_block(fail: bool) -> tuple[set[int], set[int], set[int]]:
+    """On a thread of its own: its cores before, inside (pinned to one, as vLLM's NIXL worker
+    does) and after a kept_cpu_affinity block, which raises when ``fail``."""
+    seen: list[set[int]] = []
+
+    def run() -> None:
+        seen.append(os.sched_getaffinity(0))
+        try:
+            with kept_cpu_affinity():
+                os.sched_setaffinity(0, {max(seen[0])})
+                seen.append(os.sched_getaffinity(0))
+                if fail:
+                    raise RuntimeError("the worker failed to build")
+        except RuntimeError:
+            pass
+        seen.append(os.sched_getaffinity(0))
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(10)
+    before, inside, after = seen
+    return before, inside, after
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_the_thread_keeps_its_cores_after_the_worker_is_built(fail: bool) -> None:
+    before, inside, after = _affinity_after_block(fail)
+    assert len(before) >= 2, f"needs two cores to see the pin: {before}"
+    assert inside == {max(before)}
+    assert after == before
