@@ -28,5 +28,4 @@ def kept_cpu_affinity() -> Iterator[None]:
     try:
         yield
     finally:
-        if os.sched_getaffinity(0) != cores:
-            os.sched_setaffinity(0, cores)
+        os.sched_setaffinity(0, cores)

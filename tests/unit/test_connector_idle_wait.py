@@ -141,8 +141,7 @@ def _affinity_after_block(fail: bool) -> tuple[set[int], set[int], set[int]]:
     thread = threading.Thread(target=run)
     thread.start()
     thread.join(10)
-    before, inside, after = seen
-    return before, inside, after
+    return seen[0], seen[1], seen[2]
 
 
 @pytest.mark.parametrize("fail", [False, True])
