@@ -73,8 +73,11 @@ from disagg_operator.names import (
 Manifest = dict[str, Any]
 
 DRAIN_LIFECYCLE: dict[str, Any] = {"preStop": {"sleep": {"seconds": DRAIN_DELAY_SECONDS}}}
-"""A leaving server's first step: wait while its endpoint's terminating condition reaches the
-routers, which stop sending it requests; vLLM then gets SIGTERM and drains (--shutdown-timeout)."""
+"""A leaving server's first step: wait, still serving, while its endpoint's terminating
+condition reaches whoever sends it requests (the routers for an engine, kube-proxy for a
+router), which stop sending it new ones; then SIGTERM: vLLM drains (--shutdown-timeout), the
+router finishes the requests it has. Without it a router would stop listening while kube-proxy
+still sends it new connections."""
 
 ENGINE_REQUESTS: dict[str, int | str] = {"cpu": "8", "memory": "64Gi"}
 ROUTER_REQUESTS: dict[str, int | str] = {"cpu": "500m", "memory": "512Mi"}
@@ -758,6 +761,7 @@ def _router(name: str, namespace: str, spec: DisaggregatedModelSpec) -> list[Man
         tolerations=_user_tolerations(router.tolerations),
         readiness_probe=_http_probe(period=5, failures=3),
         liveness_probe={"tcpSocket": {"port": "http"}, "periodSeconds": 10, "failureThreshold": 6},
+        lifecycle=DRAIN_LIFECYCLE,
     )
     return [
         _render("router/serviceaccount.yaml.j2", **common),

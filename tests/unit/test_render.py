@@ -14,11 +14,14 @@ from disagg_operator.loading import load_resource, load_spec
 from disagg_operator.models import DRAIN_DELAY_SECONDS, MAX_NAME_LENGTH
 from disagg_operator.names import CONFIG_HASH_ANNOTATION
 from disagg_operator.render import hash_seed, render
+from disagg_router.server import SHUTDOWN_GRACE_S
 from dmodel_samples import EXAMPLES, KV_TRANSFER_KEYS, load_example, minimal_spec, spec_with
 
 Manifest = dict[str, Any]
 NAME, NAMESPACE = "demo", "ml"
 KUBERNETES_VERSION = kubernetes_validate.latest_version()
+KUBERNETES_DEFAULT_GRACE_S = 30
+"""A pod's terminationGracePeriodSeconds when its spec names none."""
 
 
 def objects(patch: dict[str, Any] | None = None, name: str = NAME) -> dict[str, Manifest]:
@@ -543,6 +546,14 @@ def test_router_command_names_services_and_ttls() -> None:
         )
         == "100"
     )
+
+
+def test_a_leaving_router_pod_serves_until_kube_proxy_stops_sending_it_connections() -> None:
+    spec = objects(None)[f"Deployment/{NAME}-router"]["spec"]["template"]["spec"]
+    main = router_container()
+    assert main["lifecycle"] == {"preStop": {"sleep": {"seconds": DRAIN_DELAY_SECONDS}}}
+    assert "terminationGracePeriodSeconds" not in spec
+    assert DRAIN_DELAY_SECONDS + SHUTDOWN_GRACE_S < KUBERNETES_DEFAULT_GRACE_S
 
 
 def test_router_service_and_replicas() -> None:
