@@ -340,6 +340,84 @@ def test_the_operator_pod_killed_mid_reconcile_converges_when_it_comes_back(
     )
 
 
+ROLL_REQUESTS_MAX = 20_000
+"""Bound of the client loop that runs through a router roll (it stops when the roll is over)."""
+ROLL_SETTLE_S = 5.0
+"""How long the client goes on after the old router pod is gone."""
+
+
+def _router_pods(kubectl: kube.Kubectl, namespace: str) -> list[dict[str, Any]]:
+    """The model's router pods, terminating ones included."""
+    selector = f"app.kubernetes.io/instance={MODEL},app.kubernetes.io/component=router"
+    pods: list[dict[str, Any]] = kubectl.json("-n", namespace, "get", "pods", "-l", selector)[
+        "items"
+    ]
+    return pods
+
+
+class _Poller(threading.Thread):
+    """A client that opens a new connection to the router Service for every request until
+    told to stop, keeping every failure (an exception or a status other than 200)."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(daemon=True)
+        self.url = url
+        self.stop = threading.Event()
+        self.sent = 0
+        self.failures: list[str] = []
+
+    def run(self) -> None:
+        while self.sent < ROLL_REQUESTS_MAX and not self.stop.wait(0.005):
+            self.sent += 1
+            try:
+                status = httpx.get(self.url, timeout=10).status_code
+            except httpx.HTTPError as exc:
+                self.failures.append(f"{type(exc).__name__}: {exc}")
+                continue
+            if status != 200:
+                self.failures.append(f"HTTP {status}")
+
+
+def test_a_router_roll_drops_no_client_request(
+    served: Served, kubectl: kube.Kubectl, pods_report: Callable[[str], str]
+) -> None:
+    """A router-only spec change rolls the router Deployment while a client keeps opening
+    connections to its Service: every request is answered. The leaving pod serves on until its
+    endpoint has left kube-proxy's rules, so no connection reaches a pod that stopped listening."""
+    namespace = served.namespace
+    old = {p["metadata"]["uid"] for p in _router_pods(kubectl, namespace)}
+    poller = _Poller(f"{served.router}/v1/models")
+    poller.start()
+    try:
+        kubectl(
+            "-n", namespace, "patch", "dmodel", MODEL, "--type=merge",
+            "-p", '{"spec":{"router":{"conversationTtlSeconds":360}}}',
+        )  # fmt: skip
+
+        def rolled() -> bool:
+            pods = _router_pods(kubectl, namespace)
+            return (
+                len(pods) == 1
+                and pods[0]["metadata"]["uid"] not in old
+                and kube.condition_true(pods[0], "Ready")
+            )
+
+        try:
+            kube.wait_for(rolled, what="the old router pod gone, the new one Ready", timeout_s=300)
+        except TimeoutError as timeout:
+            pytest.fail(f"{timeout}\n{pods_report(namespace)}", pytrace=False)
+        time.sleep(ROLL_SETTLE_S)
+    finally:
+        poller.stop.set()
+        poller.join(timeout=30)
+    assert _router_ttl(kubectl, namespace) == "360"
+    assert not poller.failures, (
+        f"{len(poller.failures)} of {poller.sent} requests failed while the router rolled, "
+        f"first: {poller.failures[:5]}"
+    )
+    assert poller.sent > 20, f"the client sent only {poller.sent} requests through the roll"
+
+
 def test_a_connector_config_change_rolls_the_engine_pods_and_reuse_goes_on(
     served: Served, kubectl: kube.Kubectl, pods_report: Callable[[str], str]
 ) -> None:
@@ -370,7 +448,8 @@ def test_a_connector_config_change_rolls_the_engine_pods_and_reuse_goes_on(
     assert decode["kv_connector_extra_config"][EXTRA_DECODER_TTL] == 540
     # While both roles' only pods rolled the router had no engine to serve with and left its
     # Service's endpoints (its readiness is its /health); it rejoins once it has checked the
-    # new pods.
+    # new pods. The router rolls too (decode's TTL is on its command line): the new pod is
+    # Ready before the old one leaves, and the old one serves until kube-proxy has let it go.
     kube.wait_for(
         lambda: _answers(f"{served.router}/health"),
         what="the router Service serving again after the roll",
