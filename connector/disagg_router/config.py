@@ -68,6 +68,7 @@ class RouterConfig:
     health_interval_s: float = 2.0
     health_timeout_s: float = 1.0
     health_max_backoff_s: float = 30.0
+    shutdown_timeout_s: int = 30
     decode_affinity_slack: int = 4
     kv_bytes_per_token: int = 0
     log_format: str = "text"
@@ -133,6 +134,7 @@ class RouterConfig:
             "redis_timeout_s",
             "body_timeout_s",
             "client_keys_refresh_s",
+            "shutdown_timeout_s",
         ):
             if getattr(self, name) <= 0:
                 flag = name.removesuffix("_s").replace("_", "-")

@@ -31,6 +31,14 @@ def add_router_arguments(parser: argparse.ArgumentParser) -> None:
     net = parser.add_argument_group("listening")
     net.add_argument("--host", default=d.host, help="address to listen on (default %(default)s)")
     net.add_argument("--port", type=int, default=d.port, help="port (default %(default)s)")
+    net.add_argument(
+        "--shutdown-timeout",
+        type=int,
+        default=d.shutdown_timeout_s,
+        help="seconds the router finishes the requests in flight, streams included, after "
+        "SIGTERM before it cancels them; it takes no new connection meanwhile (default "
+        "%(default)s)",
+    )
 
     found = parser.add_argument_group("engine replicas")
     found.add_argument(
@@ -185,6 +193,7 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
         decode_urls=tuple(check_url("--decode", u) for u in args.decode),
         host=args.host,
         port=args.port,
+        shutdown_timeout_s=args.shutdown_timeout,
         discovery=DiscoveryKind(args.discovery),
         namespace=args.namespace,
         prefill_service=args.prefill_service,

@@ -12,8 +12,6 @@ from disagg_router.app import create_app
 from disagg_router.config import RouterConfig
 
 KEEP_ALIVE_S = 75
-SHUTDOWN_GRACE_S = 10
-"""How long the router finishes the requests it has after SIGTERM before it cancels them."""
 
 
 class JsonFormatter(logging.Formatter):
@@ -55,6 +53,6 @@ def run(config: RouterConfig) -> int:
         # Longer than clients' and load balancers' idle timeouts (httpx 5 s, AWS ALB 60 s): a
         # client must never send on a connection the router is closing at that moment.
         timeout_keep_alive=KEEP_ALIVE_S,
-        timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
+        timeout_graceful_shutdown=config.shutdown_timeout_s,
     )
     return 0

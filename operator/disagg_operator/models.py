@@ -570,14 +570,23 @@ def _gpus_match_ranks(m: RoleSpec) -> bool:
 
 
 DRAIN_DELAY_SECONDS = 5
-"""A leaving engine pod's preStop wait before vLLM gets SIGTERM: time for its endpoint's
-terminating condition to reach every router (and kube-proxy), so that no new request arrives
-once vLLM drains (it refuses new requests then)."""
+"""A leaving pod's preStop wait before its server gets SIGTERM: time for its endpoint's
+terminating condition to reach every router (for an engine) and kube-proxy, so that no new
+request arrives once the server drains (it refuses new requests then)."""
 TEARDOWN_SECONDS = 10
-"""What a leaving engine pod's grace period keeps after vLLM's drain for vLLM's teardown."""
+"""What a leaving pod's grace period keeps after its server's drain for the server's teardown."""
 DEFAULT_TERMINATION_GRACE_SECONDS = 120
 MIN_TERMINATION_GRACE_SECONDS = DRAIN_DELAY_SECONDS + TEARDOWN_SECONDS + 5
 MAX_TERMINATION_GRACE_SECONDS = 3600
+GracePeriodSeconds = Annotated[
+    int, Field(ge=MIN_TERMINATION_GRACE_SECONDS, le=MAX_TERMINATION_GRACE_SECONDS)
+]
+
+
+def shutdown_timeout(grace_period_seconds: int) -> int:
+    """A leaving server's drain of the requests in flight (its --shutdown-timeout): the pod's
+    grace period less the preStop wait and the teardown."""
+    return grace_period_seconds - DRAIN_DELAY_SECONDS - TEARDOWN_SECONDS
 
 
 class RoleSpec(ApiModel):
@@ -697,9 +706,7 @@ class RoleSpec(ApiModel):
     max_num_seqs: Annotated[int, Field(ge=1, le=65536)] | None = Field(
         None, description="Maximum concurrent sequences (--max-num-seqs). Defaults to vLLM's."
     )
-    termination_grace_period_seconds: Annotated[
-        int, Field(ge=MIN_TERMINATION_GRACE_SECONDS, le=MAX_TERMINATION_GRACE_SECONDS)
-    ] = Field(
+    termination_grace_period_seconds: GracePeriodSeconds = Field(
         DEFAULT_TERMINATION_GRACE_SECONDS,
         description="Seconds a leaving pod (scale-down, rollout, eviction) has to drain, its "
         "terminationGracePeriodSeconds: the router stops sending it new requests as soon as "
@@ -777,9 +784,8 @@ class RoleSpec(ApiModel):
 
     @property
     def shutdown_timeout_seconds(self) -> int:
-        """vLLM's drain of a leaving pod (--shutdown-timeout): the grace period less the
-        preStop wait and the teardown."""
-        return self.termination_grace_period_seconds - DRAIN_DELAY_SECONDS - TEARDOWN_SECONDS
+        """vLLM's drain of a leaving pod (--shutdown-timeout)."""
+        return shutdown_timeout(self.termination_grace_period_seconds)
 
 
 class KvTransferSpec(ApiModel):
@@ -924,6 +930,20 @@ class RouterSpec(ApiModel):
         "namespaceSelector for its namespace with a podSelector for "
         "app.kubernetes.io/component: operator), or status.reuse stays empty or goes stale.",
     )
+    termination_grace_period_seconds: GracePeriodSeconds = Field(
+        DEFAULT_TERMINATION_GRACE_SECONDS,
+        description="Seconds a leaving router pod (rollout, scale-down, eviction) has to drain, "
+        "its terminationGracePeriodSeconds: it waits "
+        f"{DRAIN_DELAY_SECONDS} s (preStop), still serving, while kube-proxy stops sending it "
+        "new connections, then finishes the requests in flight, streams included "
+        f"(--shutdown-timeout: this less {DRAIN_DELAY_SECONDS + TEARDOWN_SECONDS} s). Keep it "
+        "at least the engines' so that a router rollout cuts no answer they would finish.",
+    )
+
+    @property
+    def shutdown_timeout_seconds(self) -> int:
+        """The router's drain of a leaving pod (--shutdown-timeout)."""
+        return shutdown_timeout(self.termination_grace_period_seconds)
 
 
 class SecretRef(ApiModel):

@@ -75,9 +75,9 @@ Manifest = dict[str, Any]
 DRAIN_LIFECYCLE: dict[str, Any] = {"preStop": {"sleep": {"seconds": DRAIN_DELAY_SECONDS}}}
 """A leaving server's first step: wait, still serving, while its endpoint's terminating
 condition reaches whoever sends it requests (the routers for an engine, kube-proxy for a
-router), which stop sending it new ones; then SIGTERM: vLLM drains (--shutdown-timeout), the
-router finishes the requests it has. Without it a router would stop listening while kube-proxy
-still sends it new connections."""
+router), which stop sending it new ones; then SIGTERM: each drains the requests it has
+(--shutdown-timeout). Without it a router would stop listening while kube-proxy still sends it
+new connections."""
 
 ENGINE_REQUESTS: dict[str, int | str] = {"cpu": "8", "memory": "64Gi"}
 ROUTER_REQUESTS: dict[str, int | str] = {"cpu": "500m", "memory": "512Mi"}
@@ -750,6 +750,8 @@ def _router(name: str, namespace: str, spec: DisaggregatedModelSpec) -> list[Man
             str(spec.kv_transfer.decoder_kv_blocks_ttl_seconds),
             "--idle-timeout-s",
             str(spec.kv_transfer.idle_timeout_seconds),
+            "--shutdown-timeout",
+            str(router.shutdown_timeout_seconds),
             *store_args,
             *key_args,
         ],
@@ -762,6 +764,7 @@ def _router(name: str, namespace: str, spec: DisaggregatedModelSpec) -> list[Man
         readiness_probe=_http_probe(period=5, failures=3),
         liveness_probe={"tcpSocket": {"port": "http"}, "periodSeconds": 10, "failureThreshold": 6},
         lifecycle=DRAIN_LIFECYCLE,
+        termination_grace_period_seconds=router.termination_grace_period_seconds,
     )
     return [
         _render("router/serviceaccount.yaml.j2", **common),

@@ -35,6 +35,7 @@ from disagg.bench.client import REUSED_TOKENS, ChatClient
 from disagg_contract import ENGINE_PORT, EXTRA_DECODER_TTL
 from disagg_operator.engine_metrics import REQUESTS_RUNNING, SIGNALS
 from disagg_operator.kubeapi import FIELD_MANAGER
+from disagg_operator.models import DRAIN_DELAY_SECONDS
 from metrics_pipeline import (
     MetricsPipeline,
     custom_metric,
@@ -378,16 +379,36 @@ class _Poller(threading.Thread):
                 self.failures.append(f"HTTP {status}")
 
 
-def test_a_router_roll_drops_no_client_request(
+def test_a_router_roll_drops_no_client_request_and_cuts_no_stream(
     served: Served, kubectl: kube.Kubectl, pods_report: Callable[[str], str]
 ) -> None:
-    """A router-only spec change rolls the router Deployment while a client keeps opening
-    connections to its Service: every request is answered. The leaving pod serves on until its
-    endpoint has left kube-proxy's rules, so no connection reaches a pod that stopped listening."""
+    """A router-only spec change rolls the router Deployment while a long answer streams
+    through the old pod and a client keeps opening connections to the Service. Every request
+    is answered: the leaving pod serves on until its endpoint has left kube-proxy's rules, so no
+    connection reaches a pod that stopped listening; then it finishes the stream in flight."""
     namespace = served.namespace
     old = {p["metadata"]["uid"] for p in _router_pods(kubectl, namespace)}
+    (decode,) = _engine_pods(kubectl, namespace, "decode")
+    decode_url = f"http://{decode['status']['podIP']}:{ENGINE_PORT}"
+    client = ChatClient(served.router, timeout_s=TURN_TIMEOUT_S)
+    try:
+        stream = _Stream(_Chat("e2e-router-roll-stream"), served.router, client.model())
+    finally:
+        client.close()
+    stream.start()
+    kube.wait_for(
+        lambda: (
+            prometheus.total(_samples(decode_url), REQUESTS_RUNNING.name) >= 1
+            or not stream.is_alive()
+        ),
+        what="the stream generating on decode",
+        timeout_s=TURN_TIMEOUT_S,
+        interval_s=0.1,
+    )
+    assert stream.is_alive(), f"the stream ended before the roll: {stream.failure}"
     poller = _Poller(f"{served.router}/v1/models")
     poller.start()
+    leaving: list[float] = []
     try:
         kubectl(
             "-n", namespace, "patch", "dmodel", MODEL, "--type=merge",
@@ -396,6 +417,10 @@ def test_a_router_roll_drops_no_client_request(
 
         def rolled() -> bool:
             pods = _router_pods(kubectl, namespace)
+            if not leaving and any(
+                "deletionTimestamp" in p["metadata"] and p["metadata"]["uid"] in old for p in pods
+            ):
+                leaving.append(time.monotonic())
             return (
                 len(pods) == 1
                 and pods[0]["metadata"]["uid"] not in old
@@ -403,19 +428,32 @@ def test_a_router_roll_drops_no_client_request(
             )
 
         try:
-            kube.wait_for(rolled, what="the old router pod gone, the new one Ready", timeout_s=300)
+            kube.wait_for(
+                rolled,
+                what="the old router pod drained and gone, the new one Ready",
+                timeout_s=READY_TIMEOUT_S,
+                interval_s=0.5,
+            )
         except TimeoutError as timeout:
             pytest.fail(f"{timeout}\n{pods_report(namespace)}", pytrace=False)
         time.sleep(ROLL_SETTLE_S)
     finally:
         poller.stop.set()
         poller.join(timeout=30)
+        stream.join(TURN_TIMEOUT_S)
     assert _router_ttl(kubectl, namespace) == "360"
     assert not poller.failures, (
         f"{len(poller.failures)} of {poller.sent} requests failed while the router rolled, "
         f"first: {poller.failures[:5]}"
     )
     assert poller.sent > 20, f"the client sent only {poller.sent} requests through the roll"
+    assert stream.ended is not None, (
+        f"the stream through the old router broke off: {stream.failure}"
+    )
+    assert leaving, "the old router pod was never seen terminating"
+    assert stream.ended > leaving[0] + DRAIN_DELAY_SECONDS, (
+        "the stream ended before the old router pod got SIGTERM: it proves no drain"
+    )
 
 
 def test_a_connector_config_change_rolls_the_engine_pods_and_reuse_goes_on(

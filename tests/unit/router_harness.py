@@ -229,9 +229,17 @@ def redis_server() -> Iterator[str]:
         process.wait(timeout=10)
 
 
+@dataclass(frozen=True)
+class RouterProcess:
+    """A ``disagg router`` process and its base URL."""
+
+    url: str
+    process: subprocess.Popen[bytes]
+
+
 @contextmanager
-def router_process(prefill: list[str], decode: list[str], *options: str) -> Iterator[str]:
-    """``disagg router`` as a separate process (SIGKILLed on exit); yields its base URL."""
+def router_process(prefill: list[str], decode: list[str], *options: str) -> Iterator[RouterProcess]:
+    """``disagg router`` as a separate process (SIGKILLed on exit if still running)."""
     with bind_loopback() as sock:
         port = sock.getsockname()[1]
     command = [
@@ -253,7 +261,7 @@ def router_process(prefill: list[str], decode: list[str], *options: str) -> Iter
                 stderr = process.communicate()[1].decode(errors="replace")
                 raise RuntimeError(f"router process did not become healthy: {stderr[-2000:]}")
             time.sleep(0.1)
-        yield url
+        yield RouterProcess(url, process)
     finally:
         process.kill()
         process.wait(timeout=10)

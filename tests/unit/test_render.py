@@ -14,14 +14,11 @@ from disagg_operator.loading import load_resource, load_spec
 from disagg_operator.models import DRAIN_DELAY_SECONDS, MAX_NAME_LENGTH
 from disagg_operator.names import CONFIG_HASH_ANNOTATION
 from disagg_operator.render import hash_seed, render
-from disagg_router.server import SHUTDOWN_GRACE_S
 from dmodel_samples import EXAMPLES, KV_TRANSFER_KEYS, load_example, minimal_spec, spec_with
 
 Manifest = dict[str, Any]
 NAME, NAMESPACE = "demo", "ml"
 KUBERNETES_VERSION = kubernetes_validate.latest_version()
-KUBERNETES_DEFAULT_GRACE_S = 30
-"""A pod's terminationGracePeriodSeconds when its spec names none."""
 
 
 def objects(patch: dict[str, Any] | None = None, name: str = NAME) -> dict[str, Manifest]:
@@ -548,12 +545,13 @@ def test_router_command_names_services_and_ttls() -> None:
     )
 
 
-def test_a_leaving_router_pod_serves_until_kube_proxy_stops_sending_it_connections() -> None:
-    spec = objects(None)[f"Deployment/{NAME}-router"]["spec"]["template"]["spec"]
-    main = router_container()
-    assert main["lifecycle"] == {"preStop": {"sleep": {"seconds": DRAIN_DELAY_SECONDS}}}
-    assert "terminationGracePeriodSeconds" not in spec
-    assert DRAIN_DELAY_SECONDS + SHUTDOWN_GRACE_S < KUBERNETES_DEFAULT_GRACE_S
+def test_a_leaving_router_pod_serves_until_kube_proxy_lets_go_then_finishes_its_requests() -> None:
+    for patch, grace in ((None, 120), ({"router": {"terminationGracePeriodSeconds": 600}}, 600)):
+        deployment = objects(patch)[f"Deployment/{NAME}-router"]
+        assert deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == grace
+        main = deployment["spec"]["template"]["spec"]["containers"][0]
+        assert main["lifecycle"] == {"preStop": {"sleep": {"seconds": DRAIN_DELAY_SECONDS}}}
+        assert flag(main["command"], "--shutdown-timeout") == str(grace - 15)
 
 
 def test_router_service_and_replicas() -> None:

@@ -30,6 +30,7 @@ def test_rendered_router_command_is_a_valid_router_config(example: Path) -> None
         assert config.discovery == DiscoveryKind.KUBERNETES
         assert config.namespace == namespace
         assert config.conversation_ttl_s == model.spec.conversation_ttl_seconds
+        assert config.shutdown_timeout_s == model.spec.router.shutdown_timeout_seconds
         probe = container["readinessProbe"]["httpGet"]
         assert (probe["path"], probe["port"]) == ("/health", config.port_name)
 

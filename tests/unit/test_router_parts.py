@@ -53,6 +53,7 @@ def test_conversation_ttl_must_stay_below_decode_ttl_minus_margin() -> None:
         ),
         (RouterConfig(URLS, URLS, max_body_bytes=0), "--max-body-bytes"),
         (RouterConfig(URLS, URLS, health_interval_s=0), "--health-interval"),
+        (RouterConfig(URLS, URLS, shutdown_timeout_s=0), "--shutdown-timeout"),
         (RouterConfig(URLS, URLS, log_format="xml"), "--log-format"),
         (RouterConfig(URLS, URLS, store="mongo"), "--store"),
     ],

@@ -67,9 +67,9 @@ def test_alternating_turns_between_two_router_processes_still_hit(
         messages: list[dict[str, str]] = []
         for index in range(6):
             messages.append({"role": "user", "content": f"turn {index}"})
-            answer = turn((first, second)[index % 2], messages, "shared")
+            answer = turn((first, second)[index % 2].url, messages, "shared")
             messages.append({"role": "assistant", "content": answer})
-        assert hits(first) + hits(second) == 5
+        assert hits(first.url) + hits(second.url) == 5
     assert sum(len(e.state.reads) for e in rig.prefill) == 5
     served = sorted(len(e.state.received) for e in rig.decode)
     assert served == [0, 6], "both routers keep the conversation on one decode"
@@ -80,10 +80,10 @@ def test_router_killed_and_restarted_keeps_conversations(rig: RouterRig, redis_u
     options = ("--store", "redis", "--redis-url", redis_url, "--redis-prefix", "restart:")
     messages = [{"role": "user", "content": "before restart"}]
     with router_process(prefill, decode, *options) as first:
-        turn(first, messages, "durable")
+        turn(first.url, messages, "durable")
     with router_process(prefill, decode, *options) as second:
-        turn(second, messages, "durable")
-        assert hits(second) == 1
+        turn(second.url, messages, "durable")
+        assert hits(second.url) == 1
 
 
 def test_models_with_their_own_prefix_never_share_a_conversation(
@@ -94,15 +94,15 @@ def test_models_with_their_own_prefix_never_share_a_conversation(
     messages = [{"role": "user", "content": "same id, two models"}]
     monkeypatch.setenv(REDIS_PREFIX_ENV, "disagg:team-a:model-1:conv:")
     with router_process(prefill, decode, *options) as model_1:
-        turn(model_1, messages, "shared-id")
+        turn(model_1.url, messages, "shared-id")
     with router_process(
         prefill, decode, *options, "--redis-prefix", "disagg:team-a:m2:"
     ) as model_2:
-        turn(model_2, messages, "shared-id")
-        assert hits(model_2) == 0, "another model's entry under the same id is not this model's"
+        turn(model_2.url, messages, "shared-id")
+        assert hits(model_2.url) == 0, "another model's entry under the same id is not this model's"
     with router_process(prefill, decode, *options) as model_1_again:
-        turn(model_1_again, messages, "shared-id")
-        assert hits(model_1_again) == 1, "the prefix comes from the environment"
+        turn(model_1_again.url, messages, "shared-id")
+        assert hits(model_1_again.url) == 1, "the prefix comes from the environment"
 
 
 def test_api_key_scoping_holds_across_routers(rig: RouterRig, redis_url: str) -> None:
