@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 import httpx
 import pytest
 
+from engine_standin import MODEL
 from router_harness import RouterRig, router_process, start_engine
 
-MODEL = "standin-model"
 STREAM_TOKENS = 30
 TOKEN_DELAY_S = 0.1
 """Decode's pace: the stream lasts about 3 s, through the SIGTERM."""
@@ -41,7 +41,7 @@ class _Stream(threading.Thread):
 
     url: str
     events: list[str] = field(default_factory=list)
-    error: httpx.HTTPError | None = None
+    error: str | None = None
     started: threading.Event = field(default_factory=threading.Event)
 
     def __post_init__(self) -> None:
@@ -58,12 +58,15 @@ class _Stream(threading.Thread):
             with httpx.stream(
                 "POST", f"{self.url}/v1/chat/completions", json=body, timeout=30
             ) as r:
+                if r.status_code != 200:
+                    self.error = f"HTTP {r.status_code}: {r.read()!r}"
+                    return
                 for line in r.iter_lines():
                     if line.startswith("data: "):
                         self.events.append(line.removeprefix("data: "))
                         self.started.set()
         except httpx.HTTPError as exc:
-            self.error = exc
+            self.error = f"{type(exc).__name__}: {exc}"
         finally:
             self.started.set()
 
@@ -76,6 +79,8 @@ def _refuses_new_connections(url: str, stream: _Stream) -> bool:
             httpx.get(f"{url}/health", timeout=1)
         except httpx.ConnectError:
             return stream.is_alive()
+        except httpx.RemoteProtocolError:
+            pass  # accepted just before the router closed its socket, then closed unanswered
         time.sleep(0.05)
     return False
 
