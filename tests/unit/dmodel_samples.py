@@ -186,6 +186,11 @@ INVALID_SPECS = [
         {"decode": {"terminationGracePeriodSeconds": 10}},
         "spec.decode.terminationGracePeriodSeconds",
     ),
+    InvalidSpec(
+        "router-grace-period-shorter-than-the-drain",
+        {"router": {"terminationGracePeriodSeconds": 10}},
+        "spec.router.terminationGracePeriodSeconds",
+    ),
     InvalidSpec("unknown-backend", {"kvTransfer": {"backend": "TCP"}}, "spec.kvTransfer.backend"),
     InvalidSpec(
         "one-pod-smaller-than-its-ranks",
