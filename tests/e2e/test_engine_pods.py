@@ -395,17 +395,7 @@ def test_a_router_roll_drops_no_client_request_and_cuts_no_stream(
         stream = _Stream(_Chat("e2e-router-roll-stream"), served.router, client.model())
     finally:
         client.close()
-    stream.start()
-    kube.wait_for(
-        lambda: (
-            prometheus.total(_samples(decode_url), REQUESTS_RUNNING.name) >= 1
-            or not stream.is_alive()
-        ),
-        what="the stream generating on decode",
-        timeout_s=TURN_TIMEOUT_S,
-        interval_s=0.1,
-    )
-    assert stream.is_alive(), f"the stream ended before the roll: {stream.failure}"
+    stream.start_generating(decode_url, "the roll")
     poller = _Poller(f"{served.router}/v1/models")
     poller.start()
     leaving: list[float] = []
@@ -656,6 +646,21 @@ class _Stream(threading.Thread):
         finally:
             client.close()
 
+    def start_generating(self, decode: str, event: str) -> None:
+        """Start, and return once decode (its base URL) is generating the answer; the
+        stream must still be running then, before `event`."""
+        self.start()
+        kube.wait_for(
+            lambda: (
+                prometheus.total(_samples(decode), REQUESTS_RUNNING.name) >= 1
+                or not self.is_alive()
+            ),
+            what=f"the stream generating on {decode}",
+            timeout_s=TURN_TIMEOUT_S,
+            interval_s=0.1,
+        )
+        assert self.is_alive(), f"the stream ended before {event}: {self.failure}"
+
 
 def _holders(
     chats: list[_Chat],
@@ -723,17 +728,7 @@ def test_decode_scaled_from_two_to_one_mid_conversation_moves_the_leaving_pods_c
         (stream_chat,) = [c for c in starts if landed[c.conversation_id] == leaving]
         stream = _Stream(stream_chat, router, model)
         reused = _reused(prefill)
-        stream.start()
-        kube.wait_for(
-            lambda: (
-                prometheus.total(_samples(leaving), REQUESTS_RUNNING.name) >= 1
-                or not stream.is_alive()
-            ),
-            what="the stream generating on decode-1",
-            timeout_s=TURN_TIMEOUT_S,
-            interval_s=0.1,
-        )
-        assert stream.is_alive(), f"the stream ended before decode-1 left: {stream.failure}"
+        stream.start_generating(leaving, "decode-1 left")
         assert _read_back(prefill, reused) > 0, "the streamed turn read nothing back"
         with _following_logs(kubectl, namespace, leaving_pod, tmp_path / "decode-1.log") as log:
             _scale_decode(kubectl, namespace, 1)
