@@ -16,9 +16,9 @@ from disagg_router.auth import KeyGuard
 from disagg_router.config import ConfigError, RouterConfig, engine_credential
 from disagg_router.options import add_router_arguments, config_from_args
 from disagg_router.tenants import TenantKeys
+from engine_standin import MODEL
 from router_harness import RouterRig, metric
 
-MODEL = "standin-model"
 KEY = "sk-disagg-0123456789"
 KEYED = {"api_key": KEY, "engine_api_key": KEY}
 GOOD = {"Authorization": f"Bearer {KEY}"}

@@ -8,10 +8,8 @@ import time
 import httpx
 import pytest
 
+from engine_standin import MODEL
 from router_harness import RouterRig, metric, start_engine
-
-MODEL = "standin-model"
-
 
 # Health checks too rare to notice a replica going away: only failed calls reveal it.
 unwatched = pytest.mark.parametrize(

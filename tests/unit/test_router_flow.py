@@ -9,9 +9,8 @@ from typing import Any
 import httpx
 import pytest
 
+from engine_standin import MODEL
 from router_harness import RouterRig, metric
-
-MODEL = "standin-model"
 
 
 def sse_events(text: str) -> list[Any]:

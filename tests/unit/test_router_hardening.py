@@ -15,9 +15,9 @@ from contextlib import ExitStack, contextmanager
 import httpx
 import pytest
 
+from engine_standin import MODEL
 from router_harness import RouterRig, metric, router_rig
 
-MODEL = "standin-model"
 BODY = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}).encode()
 BODY_TIMEOUT_S = 1.0
 

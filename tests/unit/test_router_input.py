@@ -13,9 +13,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from engine_standin import MODEL
 from router_harness import RouterRig, router_rig
 
-MODEL = "standin-model"
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 MAX_BODY = 64 * 1024

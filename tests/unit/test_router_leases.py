@@ -34,10 +34,9 @@ from disagg_contract import (
 from disagg_router import leases
 from disagg_router.config import ConfigError, RouterConfig
 from disagg_router.leases import lease_of
-from engine_standin import StandinState
+from engine_standin import MODEL, StandinState
 from router_harness import RouterRig, SecretVolume, metric, redis_server, router_rig
 
-MODEL = "standin-model"
 CHAT = "/v1/chat/completions"
 ENGINE_KEY = "sk-engine-lease-42"
 KEYS = {"alice": "sk-alice-lease", "bob": "sk-bob-lease"}

@@ -8,9 +8,9 @@ import re
 import httpx
 import pytest
 
+from engine_standin import MODEL
 from router_harness import metric, router_rig
 
-MODEL = "standin-model"
 CHAT = "/v1/chat/completions"
 
 

@@ -12,6 +12,7 @@ import pytest
 
 from disagg_contract import REDIS_PREFIX_ENV
 from disagg_router.config import ConfigError, RouterConfig
+from engine_standin import MODEL
 from router_harness import (
     RouterRig,
     bind_loopback,
@@ -20,8 +21,6 @@ from router_harness import (
     router_process,
     start_engine,
 )
-
-MODEL = "standin-model"
 
 
 @pytest.fixture(scope="module")

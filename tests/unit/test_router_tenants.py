@@ -17,9 +17,9 @@ import pytest
 from disagg_router.app import create_app
 from disagg_router.config import ConfigError, RouterConfig
 from disagg_router.tenants import API_KEY_TENANT, TenantKeys, read_client_keys
+from engine_standin import MODEL
 from router_harness import RouterRig, SecretVolume, metric, router_rig
 
-MODEL = "standin-model"
 ENGINE_KEY = "sk-engine-only-7f3a"
 KEYS = {"alice": "sk-alice-0001", "bob": "sk-bob-0002"}
 REFRESH_S = 0.1
