@@ -14,11 +14,15 @@ nobody can check is never granted. Prefill-to-decode offers are then accepted un
 a key they are checked like the others.
 
 What single use covers here: a replay to the engine that accepted the offer, for as long as
-the offer lives, in bounded memory, and across that engine's restarts (an offer issued before
-the engine started is refused: it may have been read by the engine's previous life). A replay
-to another replica of the reading role is stopped by the owner instead: vLLM's pull protocol
-reads the blocks one-sidedly, so before a decode-to-prefill read prefill claims the retention
-on decode, and decode grants it to one reader only (see :mod:`retention`).
+the offer lives (its lifetime, measured on the reader's own monotonic clock from when it first
+read it), in bounded memory. A decode-to-prefill offer is judged on one clock only, decode's:
+prefill compares none of the offer's times with its own, and before it reads it claims the
+retention on decode (see :mod:`claims`, :mod:`retention`), which grants one reader, named by
+that reader's incarnation, and refuses a retention it freed, let lapse, or never held (a decode
+restarted since the offer). So a replay to another prefill, to a restarted prefill or after a
+decode restart is refused whatever the two clocks say. A prefill-to-decode offer has no claim:
+decode refuses one past the expiry prefill gave it or issued before decode started, which
+compares prefill's wall clock with decode's (docs/threat-model.md: an accepted risk).
 """
 
 from __future__ import annotations
@@ -29,7 +33,8 @@ import hmac
 import json
 import math
 import secrets
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -121,12 +126,12 @@ def _message(
 
 
 class SpentOffers:
-    """Offer ids already accepted, each remembered until its expiry, in bounded memory.
+    """Offer ids already accepted, each remembered until a time of the caller's clock, in
+    bounded memory.
 
-    Forgetting an id (at its expiry, or the oldest when the table is full) raises a floor:
-    an offer expiring at or before the floor is refused as a possible replay. So a forgotten
-    id is never accepted again, even if the wall clock steps back; under overload only offers
-    older than the ones still remembered are refused.
+    Forgetting an id (when its time comes, or the soonest when the table is full) raises a
+    floor: an offer to be remembered until at most the floor is refused as a possible replay,
+    so under overload only the oldest offers are refused.
     """
 
     def __init__(self, capacity: int = SPENT_CAPACITY) -> None:
@@ -139,7 +144,8 @@ class SpentOffers:
         return len(self._expiry)
 
     def spend(self, offer_id: str, expires_at: float, now: float) -> bool:
-        """Record ``offer_id`` as accepted; False if it was (or may have been) before."""
+        """Record ``offer_id`` as accepted until ``expires_at``; False if it was (or may have
+        been) before. Both times are of one clock, the caller's."""
         while self._by_expiry and (
             self._by_expiry[0][0] <= now or len(self._expiry) >= self.capacity
         ):
@@ -159,18 +165,26 @@ class Admission:
 
     admitted: bool
     verdict: Verdict | None
-    """None for an admitted decode-to-prefill offer: its verdict comes from the digest."""
+    """None for an admitted signed offer: its verdict comes from the digest."""
     reason: str = ""
 
 
 class OfferSigner:
     """Signs the offers this engine publishes and admits the ones it is asked to read."""
 
-    def __init__(self, keys: OfferKeys | None, model: str, started_at: float) -> None:
-        """``started_at``: this engine's start (wall clock); offers issued before are refused."""
+    def __init__(
+        self,
+        keys: OfferKeys | None,
+        model: str,
+        started_at: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """``started_at``: this engine's start (wall clock); P->D offers issued before are
+        refused. ``clock`` measures how long a spent offer id is remembered."""
         self.keys = keys
         self.model = model
         self.started_at = started_at
+        self._clock = clock
         self.spent = SpentOffers()
 
     def sign(self, params: dict[str, Any], issued_at: float, expires_at: float) -> None:
@@ -189,11 +203,11 @@ class OfferSigner:
         }
 
     def admit(self, params: Mapping[str, Any], direction: Direction, now: float) -> Admission:
-        """Check a well-formed offer's envelope, expiry and single use, in that order.
+        """Check a well-formed offer's envelope, expiry (P->D only) and single use, in order.
 
-        A decode-to-prefill offer's expiry must be its ``disagg_expires_at`` too, the one the
-        reuse plan reads, so that an expired offer the caller hands on to the plan is refused
-        there as well.
+        ``now`` is this engine's wall clock, compared with a P->D offer's times only. A
+        decode-to-prefill offer's expiry must be its ``disagg_expires_at`` too (the router
+        reads that one); whether it still holds is decode's to say, through the claim.
         """
         if self.keys is None:
             if direction is Direction.PREFILL_TO_DECODE:
@@ -221,14 +235,15 @@ class OfferSigner:
             and params.get(EXPIRES_AT_KEY) != envelope["exp"]
         ):
             return Admission(False, Verdict.MALFORMED, f"{EXPIRES_AT_KEY} is not the envelope's")
-        if now + EXPIRY_MARGIN_S >= envelope["exp"]:
-            return Admission(False, Verdict.EXPIRED, f"expired at {envelope['exp']:.0f}")
-        if envelope["iat"] < self.started_at:
-            return Admission(False, Verdict.REPLAYED, "issued before this engine started")
-        if not self.spent.spend(envelope["id"], envelope["exp"], now):
-            return Admission(False, Verdict.REPLAYED, f"offer {envelope['id']} already read")
         if direction is Direction.PREFILL_TO_DECODE:
-            return Admission(True, Verdict.VERIFIED)
+            if now + EXPIRY_MARGIN_S >= envelope["exp"]:
+                return Admission(False, Verdict.EXPIRED, f"expired at {envelope['exp']:.0f}")
+            if envelope["iat"] < self.started_at:
+                return Admission(False, Verdict.REPLAYED, "issued before this engine started")
+        local_now = self._clock()
+        lifetime = max(float(envelope["exp"]) - float(envelope["iat"]), 0.0)
+        if not self.spent.spend(envelope["id"], local_now + lifetime + EXPIRY_MARGIN_S, local_now):
+            return Admission(False, Verdict.REPLAYED, f"offer {envelope['id']} already read")
         return Admission(True, None)
 
 

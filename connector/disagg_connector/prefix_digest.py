@@ -9,6 +9,10 @@ multimodal item (its content hash and placeholder range) enters the hash of the 
 its placeholder starts. A text-only prompt without an adapter hashes as it always did, so any
 disagreement between two versions on the rest fails safe (no match).
 
+A digest of a whole prompt (prefill's offer of this turn's KV to decode) also carries the hash
+of the trailing partial block, chained over the whole blocks, so that a reader can tell that it
+covers exactly the prompt it was sent, its last tokens included.
+
 The wire format is versioned: a reader refuses any version it does not know, so reuse is never
 granted on a format it cannot check.
 """
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import hmac
 import json
 import struct
 from collections.abc import Mapping, Sequence
@@ -114,19 +119,41 @@ def chained_block_hashes(
     return hashes
 
 
+def _tail_hash(
+    token_ids: Sequence[int], block_size: int, inputs: PromptInputs, hashes: Sequence[bytes]
+) -> bytes:
+    """The hash of the tokens after the last whole block, chained over the whole blocks."""
+    tail = token_ids[len(hashes) * block_size :]
+    try:
+        packed = struct.pack(f"<{len(tail)}I", *tail)
+    except struct.error as exc:
+        raise TokenRangeError("the last partial block holds a token id outside 32 bits") from exc
+    previous = hashes[-1] if hashes else _seed(block_size, inputs)
+    return _blake(previous + b"|tail|" + packed)
+
+
 @dataclass(frozen=True)
 class TokenDigest:
-    """The chained block hashes of the tokens a retained KV cache holds."""
+    """The chained block hashes of the tokens a KV cache holds (and, for a whole prompt, the
+    hash of its last partial block)."""
 
     block_size: int
     block_hashes: tuple[bytes, ...]
+    tail: bytes | None = None
 
     @classmethod
     def of_tokens(
-        cls, token_ids: Sequence[int], block_size: int, inputs: PromptInputs = NO_INPUTS
+        cls,
+        token_ids: Sequence[int],
+        block_size: int,
+        inputs: PromptInputs = NO_INPUTS,
+        *,
+        with_tail: bool = False,
     ) -> TokenDigest:
-        """Digest the whole blocks of ``token_ids``."""
-        return cls(block_size, tuple(chained_block_hashes(token_ids, block_size, inputs)))
+        """Digest the whole blocks of ``token_ids``, and with ``with_tail`` the rest too."""
+        hashes = tuple(chained_block_hashes(token_ids, block_size, inputs))
+        tail = _tail_hash(token_ids, block_size, inputs, hashes) if with_tail else None
+        return cls(block_size, hashes, tail)
 
     @property
     def num_blocks(self) -> int:
@@ -135,11 +162,14 @@ class TokenDigest:
 
     def to_wire(self) -> dict[str, Any]:
         """JSON-serialisable form carried in ``kv_transfer_params``."""
-        return {
+        wire: dict[str, Any] = {
             "v": DIGEST_WIRE_VERSION,
             "block_size": self.block_size,
             "hashes": base64.b64encode(b"".join(self.block_hashes)).decode("ascii"),
         }
+        if self.tail is not None:
+            wire["tail"] = base64.b64encode(self.tail).decode("ascii")
+        return wire
 
     @classmethod
     def from_wire(cls, wire: object) -> TokenDigest:
@@ -164,7 +194,17 @@ class TokenDigest:
                 f"digest hashes length {len(raw)} is not a multiple of {HASH_BYTES}"
             )
         hashes = tuple(raw[i : i + HASH_BYTES] for i in range(0, len(raw), HASH_BYTES))
-        return cls(block_size, hashes)
+        tail = None
+        if "tail" in wire:
+            if not isinstance(wire["tail"], str):
+                raise DigestFormatError("digest tail must be a base64 string")
+            try:
+                tail = base64.b64decode(wire["tail"], validate=True)
+            except ValueError as exc:
+                raise DigestFormatError(f"digest tail is not valid base64: {exc}") from exc
+            if len(tail) != HASH_BYTES:
+                raise DigestFormatError(f"digest tail is not {HASH_BYTES} bytes")
+        return cls(block_size, hashes, tail)
 
     def matching_blocks(self, token_ids: Sequence[int], inputs: PromptInputs = NO_INPUTS) -> int:
         """Count the leading whole blocks of ``token_ids`` whose inputs match the digest."""
@@ -175,3 +215,13 @@ class TokenDigest:
                 break
             matched += 1
         return matched
+
+    def covers(self, token_ids: Sequence[int], inputs: PromptInputs = NO_INPUTS) -> bool:
+        """Whether the digest is of exactly ``token_ids`` (whole blocks and tail)."""
+        if self.tail is None or len(token_ids) // self.block_size != self.num_blocks:
+            return False
+        hashes = chained_block_hashes(token_ids, self.block_size, inputs)
+        if tuple(hashes) != self.block_hashes:
+            return False
+        tail = _tail_hash(token_ids, self.block_size, inputs, hashes)
+        return hmac.compare_digest(tail, self.tail)

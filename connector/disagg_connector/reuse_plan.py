@@ -1,9 +1,13 @@
-"""Decide how much of decode's retained KV prefill may reuse, and cut the pull to it.
+"""Decide how much of another engine's offered KV a request may reuse, and cut the pull to it.
 
-Pure logic, no vLLM: given decode's ``kv_transfer_params`` (with its published digest) and
-the prompt prefill is about to compute, keep only the longest block-aligned prefix whose tokens
-match, then rewrite ``remote_num_tokens`` and every group's ``remote_block_ids`` so that vLLM's
-stock pull machinery reads exactly that prefix and recomputes the rest.
+Pure logic, no vLLM: given an offer's ``kv_transfer_params`` (with the digest of the tokens its
+KV holds) and the prompt this engine is about to serve, keep only the longest block-aligned
+prefix whose tokens match, then rewrite ``remote_num_tokens`` and every group's
+``remote_block_ids`` so that vLLM's stock pull machinery reads exactly that prefix and computes
+the rest. Both ways: prefill reading decode's retained KV back (:func:`plan_reuse`) and decode
+reading prefill's KV of this turn's prompt (:func:`plan_pull`). No expiry is checked here: the
+engine holding the KV decides on its own clock whether it still does (the claim, see
+:mod:`claims`), so two machines' clocks are never compared.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from disagg_connector.prefix_digest import (
     TokenDigest,
     TokenRangeError,
 )
-from disagg_contract import EXPIRES_AT_KEY, EXPIRY_MARGIN_S, TOKEN_DIGEST_KEY
+from disagg_contract import TOKEN_DIGEST_KEY
 
 
 class Verdict(enum.StrEnum):
@@ -43,6 +47,7 @@ class Verdict(enum.StrEnum):
     BAD_SIGNATURE = "bad-signature"
     """The signature does not match the offer under any key: forged or altered."""
     EXPIRED = "expired"
+    """A P->D offer past the expiry its issuer gave it."""
     REPLAYED = "replayed"
     """This engine already accepted the offer once (offers are single-use)."""
     UNCHECKED = "unchecked"
@@ -89,16 +94,28 @@ def offers_remote_kv(params: dict[str, Any] | None) -> bool:
     return bool(params and params.get("do_remote_decode") and params.get("remote_block_ids"))
 
 
+def _published_digest(params: dict[str, Any], block_size: int) -> TokenDigest | Verdict:
+    """The offer's digest, or the verdict that refuses it."""
+    if TOKEN_DIGEST_KEY not in params:
+        return Verdict.NO_DIGEST
+    try:
+        digest = TokenDigest.from_wire(params[TOKEN_DIGEST_KEY])
+    except DigestFormatError:
+        return Verdict.BAD_DIGEST
+    if digest.block_size != block_size:
+        return Verdict.BLOCK_SIZE_MISMATCH
+    return digest
+
+
 def plan_reuse(
     params: dict[str, Any],
     prompt_token_ids: Sequence[int],
     block_size: int,
     *,
     inputs: PromptInputs = NO_INPUTS,
-    now_unix: float,
     blocks_cuttable: bool,
 ) -> ReusePlan:
-    """Plan the verified reuse of decode's retained KV for a new prompt.
+    """Plan the verified reuse of decode's retained KV (D->P) for a new prompt.
 
     ``params`` must have passed :func:`offer_form.form_problem`. ``inputs`` are the new
     prompt's salt, adapter and multimodal items. ``blocks_cuttable`` is false for hybrid
@@ -110,43 +127,58 @@ def plan_reuse(
     # Never cover the whole prompt: its last token must be computed to sample from it.
     usable_blocks = max(0, min(remote_tokens, len(prompt_token_ids) - 1)) // block_size
     usable = usable_blocks * block_size
-
-    def rejected(verdict: Verdict) -> ReusePlan:
-        return ReusePlan(verdict, offered, usable, 0)
-
-    expires_at = params.get(EXPIRES_AT_KEY)
-    if isinstance(expires_at, int | float) and now_unix + EXPIRY_MARGIN_S >= expires_at:
-        return rejected(Verdict.EXPIRED)
-    if TOKEN_DIGEST_KEY not in params:
-        return rejected(Verdict.NO_DIGEST)
-    try:
-        digest = TokenDigest.from_wire(params[TOKEN_DIGEST_KEY])
-    except DigestFormatError:
-        return rejected(Verdict.BAD_DIGEST)
-    if digest.block_size != block_size:
-        return rejected(Verdict.BLOCK_SIZE_MISMATCH)
-
+    digest = _published_digest(params, block_size)
+    if isinstance(digest, Verdict):
+        return ReusePlan(digest, offered, usable, 0)
     try:
         verified = digest.matching_blocks(prompt_token_ids[:usable], inputs) * block_size
     except TokenRangeError:
-        return rejected(Verdict.MALFORMED)
+        return ReusePlan(Verdict.MALFORMED, offered, usable, 0)
     if not blocks_cuttable and verified != remote_tokens:
-        return rejected(Verdict.PARTIAL_HYBRID)
+        return ReusePlan(Verdict.PARTIAL_HYBRID, offered, usable, 0)
     verdict = Verdict.VERIFIED if verified == usable else Verdict.DIVERGED
     return ReusePlan(verdict, offered, usable, verified)
 
 
-def cut_params(params: dict[str, Any], plan: ReusePlan, block_size: int) -> None:
-    """Rewrite decode's offer in place so the stock pull reads only the verified prefix.
+def plan_pull(
+    params: dict[str, Any],
+    prompt_token_ids: Sequence[int],
+    block_size: int,
+    *,
+    inputs: PromptInputs = NO_INPUTS,
+    blocks_cuttable: bool,
+) -> ReusePlan:
+    """Plan decode's read of prefill's KV (P->D) for the prompt decode was sent.
 
-    A fully verified offer is left as is. An expired offer loses its block ids (nothing to
-    read, nobody to notify); any other rejection keeps them with zero tokens, so prefill
-    still tells decode to free its blocks.
+    The offer's digest must cover exactly this prompt, its last partial block included, for
+    the whole offer to be read; otherwise only the leading whole blocks that match are read
+    and decode computes the rest, so KV made from another prompt never enters decode's cache.
     """
-    if plan.verdict is Verdict.EXPIRED:
-        params["remote_block_ids"] = []
-        params["remote_num_tokens"] = 0
-        return
+    offered = int(params.get("remote_num_tokens") or 0)
+    usable = min(offered, len(prompt_token_ids))
+    digest = _published_digest(params, block_size)
+    if isinstance(digest, Verdict):
+        return ReusePlan(digest, offered, usable, 0)
+    try:
+        matched = digest.matching_blocks(prompt_token_ids, inputs)
+        whole = matched * block_size
+        exact = offered == len(prompt_token_ids) and digest.covers(prompt_token_ids, inputs)
+    except TokenRangeError:
+        return ReusePlan(Verdict.MALFORMED, offered, usable, 0)
+    if exact:
+        return ReusePlan(Verdict.VERIFIED, offered, usable, usable)
+    verified = min(whole, usable)
+    if not blocks_cuttable:
+        verified = 0
+    return ReusePlan(Verdict.DIVERGED, offered, usable, verified)
+
+
+def cut_params(params: dict[str, Any], plan: ReusePlan, block_size: int) -> None:
+    """Rewrite an offer in place so the stock pull reads only the verified prefix.
+
+    A fully verified offer is left as is. A rejection keeps the block ids with zero tokens, so
+    the reader still tells the engine that offered them to free its blocks.
+    """
     if plan.verified_tokens >= int(params.get("remote_num_tokens") or 0):
         return
     params["remote_num_tokens"] = plan.verified_tokens

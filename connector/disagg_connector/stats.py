@@ -26,6 +26,7 @@ from vllm.v1.metrics.utils import create_metric_per_engine
 
 from disagg_connector.offer_form import Direction
 from disagg_connector.read_cost import Choice, Estimates
+from disagg_connector.retainer import GRANTED
 from disagg_connector.retention import ClaimRefusal, FreeReason
 from disagg_connector.reuse_plan import Verdict
 
@@ -49,8 +50,6 @@ _REUSE_KEYS = (
 )
 ESTIMATE_NAMES = ("read_fixed_seconds", "read_tokens_per_second", "compute_tokens_per_second")
 """The ``estimate`` labels of prefill's cost estimates, in :class:`Estimates` field order."""
-GRANTED = "granted"
-"""The ``outcome`` of a granted claim (the others are :class:`ClaimRefusal` values)."""
 
 
 class DisaggKVConnectorStats(NixlKVConnectorStats):

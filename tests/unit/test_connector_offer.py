@@ -85,21 +85,41 @@ def test_an_honest_offer_is_admitted_once() -> None:
     assert (again.admitted, again.verdict) == (False, Verdict.REPLAYED)
 
 
-def test_an_offer_issued_before_the_reader_started_is_refused() -> None:
+def test_a_prefill_to_decode_offer_issued_before_the_reader_started_is_refused() -> None:
     """Its spent table died with the engine's previous life, which may have read it."""
-    params = published()
+    params = published(do_remote_prefill=True, do_remote_decode=False)
     restarted = OfferSigner(OfferKeys((KEY,)), MODEL, started_at=NOW + 1)
-    admission = restarted.admit(params, D2P, NOW + 2)
+    admission = restarted.admit(params, P2D, NOW + 2)
     assert (admission.verdict, admission.reason) == (
         Verdict.REPLAYED,
         "issued before this engine started",
     )
 
 
-def test_prefill_to_decode_offers_are_verified_too() -> None:
+@pytest.mark.parametrize("skew_s", [-120.0, 0.0, 120.0])
+def test_a_decode_to_prefill_offer_is_judged_on_no_clock_of_the_reader(skew_s: float) -> None:
+    """Prefill compares none of decode's times with its own, whatever the skew: whether the
+    retention still holds is decode's to say, on decode's clock, through the claim."""
+    restarted = OfferSigner(OfferKeys((KEY,)), MODEL, started_at=NOW + 1)
+    params = published()
+    admission = restarted.admit(params, D2P, NOW + TTL + skew_s)
+    assert (admission.admitted, admission.verdict) == (True, None)
+    assert restarted.admit(params, D2P, NOW).verdict is Verdict.REPLAYED
+
+
+def test_a_spent_offer_is_remembered_for_its_lifetime_on_the_readers_clock() -> None:
+    local = [0.0]
+    reader = OfferSigner(OfferKeys((KEY,)), MODEL, started_at=STARTED, clock=lambda: local[0])
+    params = published()
+    assert reader.admit(params, D2P, NOW).admitted
+    local[0] = TTL + EXPIRY_MARGIN_S - 1
+    assert reader.admit(copy.deepcopy(params), D2P, NOW).verdict is Verdict.REPLAYED
+
+
+def test_prefill_to_decode_offers_are_admitted_for_the_digest_to_judge() -> None:
     params = published(do_remote_prefill=True, do_remote_decode=False)
     admission = signer().admit(params, P2D, NOW)
-    assert (admission.admitted, admission.verdict) == (True, Verdict.VERIFIED)
+    assert (admission.admitted, admission.verdict) == (True, None)
 
 
 @pytest.mark.parametrize(
@@ -199,9 +219,9 @@ def test_rotation_verifies_under_every_key_and_signs_with_the_first() -> None:
 
 
 @pytest.mark.parametrize("left", [EXPIRY_MARGIN_S, 0.0, -TTL])
-def test_an_offer_within_the_margin_of_expiry_is_refused(left: float) -> None:
-    params = published()
-    admission = signer().admit(params, D2P, NOW + TTL - left)
+def test_a_prefill_to_decode_offer_within_the_margin_of_expiry_is_refused(left: float) -> None:
+    params = published(do_remote_prefill=True, do_remote_decode=False)
+    admission = signer().admit(params, P2D, NOW + TTL - left)
     assert (admission.admitted, admission.verdict) == (False, Verdict.EXPIRED)
 
 

@@ -7,7 +7,13 @@ from typing import Any
 import pytest
 
 from disagg_connector.prefix_digest import TokenDigest
-from disagg_connector.reuse_plan import Verdict, cut_params, offers_remote_kv, plan_reuse
+from disagg_connector.reuse_plan import (
+    Verdict,
+    cut_params,
+    offers_remote_kv,
+    plan_pull,
+    plan_reuse,
+)
 from disagg_contract import EXPIRES_AT_KEY, EXPIRY_MARGIN_S, TOKEN_DIGEST_KEY
 
 BLOCK = 4
@@ -34,7 +40,7 @@ def offer(held: list[int], *, groups: int = 1, **extra: Any) -> dict[str, Any]:
 
 
 def plan(params: dict[str, Any], prompt: list[int], *, cuttable: bool = True) -> Any:
-    return plan_reuse(params, prompt, BLOCK, now_unix=NOW, blocks_cuttable=cuttable)
+    return plan_reuse(params, prompt, BLOCK, blocks_cuttable=cuttable)
 
 
 HELD = list(range(1000, 1018))  # 18 tokens: 4 whole blocks and 2 tokens
@@ -116,13 +122,68 @@ def test_other_block_size_rejects_everything() -> None:
 
 
 @pytest.mark.parametrize("seconds_left", [EXPIRY_MARGIN_S - 0.1, 0.0, -30.0])
-def test_offer_near_or_past_expiry_drops_the_blocks(seconds_left: float) -> None:
+def test_the_plan_compares_no_clock(seconds_left: float) -> None:
+    """Decode's expiry is decode's clock: whether it still holds the KV is its to say (the
+    claim), so the plan verifies tokens only."""
     params = offer(HELD, **{EXPIRES_AT_KEY: NOW + seconds_left})
-    result = plan(params, [*HELD, 1])
-    assert (result.verdict, result.verified_tokens) == (Verdict.EXPIRED, 0)
+    assert plan(params, [*HELD, 1]).verdict is Verdict.VERIFIED
+
+
+def pulled(prompt: list[int], **extra: Any) -> dict[str, Any]:
+    """Prefill's P->D offer of the KV of ``prompt`` (the whole prompt, tail included)."""
+    num_blocks = -(-len(prompt) // BLOCK)
+    params: dict[str, Any] = {
+        "do_remote_prefill": True,
+        "do_remote_decode": False,
+        "remote_block_ids": [list(range(num_blocks))],
+        "remote_num_tokens": len(prompt),
+        TOKEN_DIGEST_KEY: TokenDigest.of_tokens(prompt, BLOCK, with_tail=True).to_wire(),
+    }
+    params.update(extra)
+    return params
+
+
+def test_a_pull_of_exactly_the_prompt_reads_all_of_it() -> None:
+    params = pulled(HELD)
+    result = plan_pull(params, HELD, BLOCK, blocks_cuttable=True)
+    assert (result.verdict, result.verified_tokens) == (Verdict.VERIFIED, 18)
     cut_params(params, result, BLOCK)
-    assert params["remote_block_ids"] == []
-    assert not offers_remote_kv(params)
+    assert params["remote_block_ids"] == [[0, 1, 2, 3, 4]]
+
+
+@pytest.mark.parametrize(
+    ("sent", "verified"),
+    [
+        ([*HELD[:17], 9], 16),  # the last partial block differs: only the whole blocks read
+        ([*HELD[:6], 9, *HELD[7:]], 4),  # a token of the second block differs
+        ([9, *HELD[1:]], 0),  # the first token differs: nothing read
+        (HELD[:16], 16),  # a shorter prompt: the offer covers more than it
+        ([*HELD, 1, 2], 16),  # a longer prompt: the offer covers less than it
+    ],
+)
+def test_a_pull_of_another_prompt_reads_only_its_matching_blocks(
+    sent: list[int], verified: int
+) -> None:
+    """Decode sent prompt B with prefill's offer of prompt A's KV: B's matching whole blocks
+    are read, the rest computed, nothing of A enters decode's cache."""
+    params = pulled(HELD)
+    result = plan_pull(params, sent, BLOCK, blocks_cuttable=True)
+    assert (result.verdict, result.verified_tokens) == (Verdict.DIVERGED, verified)
+    cut_params(params, result, BLOCK)
+    assert params["remote_num_tokens"] == verified
+    assert len(params["remote_block_ids"][0]) == (verified // BLOCK or 5)
+
+
+def test_a_pull_without_a_tail_digest_is_never_read_whole() -> None:
+    params = pulled(HELD, **{TOKEN_DIGEST_KEY: TokenDigest.of_tokens(HELD, BLOCK).to_wire()})
+    result = plan_pull(params, HELD, BLOCK, blocks_cuttable=True)
+    assert (result.verdict, result.verified_tokens) == (Verdict.DIVERGED, 16)
+
+
+def test_a_pull_without_a_digest_reads_nothing() -> None:
+    params = pulled(HELD)
+    del params[TOKEN_DIGEST_KEY]
+    assert plan_pull(params, HELD, BLOCK, blocks_cuttable=True).verdict is Verdict.NO_DIGEST
 
 
 def test_hybrid_models_reuse_all_or_nothing() -> None:

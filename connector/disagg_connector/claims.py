@@ -1,0 +1,144 @@
+"""Prefill's claims on decode's retained KV, asked and answered off vLLM's scheduling thread.
+
+Before prefill reads decode's retained blocks (D->P) it claims them on decode's lease service
+(see :mod:`lease_service`). The claim is sent when the request arrives, on a small pool of
+threads, and the scheduler only looks at the answer: a request whose claim is still out waits
+in vLLM's queue (the connector answers "not yet" for it) while every other request is
+scheduled as usual. A claim unanswered after :data:`CLAIM_DEADLINE_S` counts as refused, so
+the request recomputes; and a decode that left a claim unanswered that long is stalled: its
+next claims are refused at once, without a thread, until one of its claims is answered. A
+decode that hangs thus costs only the requests that wanted its KV, each at most the deadline.
+Pure logic, no vLLM.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from disagg_connector.lease_service import ClaimTarget
+from disagg_connector.retention import Grant
+
+CLAIM_DEADLINE_S = 0.25
+"""Longest a request waits for decode's answer to its claim before it recomputes instead."""
+CLAIM_WORKERS = 8
+"""Threads that send claims; a decode that hangs holds at most the ones it had when it did."""
+
+Answer = Grant | str
+"""Decode's grant, or why no grant came (a refusal, an error or no answer in time)."""
+ClaimFunction = Callable[[ClaimTarget, str, str | None], Answer]
+
+
+@dataclass
+class _Claim:
+    target: ClaimTarget
+    sent_at: float
+    future: Future[Answer] | None = None
+    answer: Answer | None = None
+
+
+@dataclass
+class _Peer:
+    """What the desk knows about one decode's lease service."""
+
+    stalled: bool = False
+    out: set[str] = field(default_factory=set)
+
+
+class ClaimDesk:
+    """Sends claims in the background and tells the scheduler how each one stands."""
+
+    def __init__(
+        self,
+        credential: str | None,
+        send: ClaimFunction,
+        deadline_s: float = CLAIM_DEADLINE_S,
+        workers: int = CLAIM_WORKERS,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self._credential = credential
+        self._send = send
+        self.deadline_s = deadline_s
+        self._clock = clock
+        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="disagg-claim")
+        self._lock = threading.Lock()
+        self._claims: dict[str, _Claim] = {}
+        self._peers: dict[tuple[str, int], _Peer] = {}
+
+    def ask(self, key: str, target: ClaimTarget, claimant: str) -> None:
+        """Send a claim for ``key`` (replacing any earlier one), unless its decode is stalled."""
+        peer_key = (target.host, target.port)
+        with self._lock:
+            self._forget(key)
+            claim = _Claim(target, self._clock())
+            self._claims[key] = claim
+            peer = self._peers.setdefault(peer_key, _Peer())
+            if peer.stalled:
+                claim.answer = (
+                    f"decode {target.host}:{target.port} left a claim unanswered for "
+                    f"{self.deadline_s * 1000:.0f} ms; not asked until it answers again"
+                )
+                return
+            peer.out.add(key)
+        claim.future = self._pool.submit(self._send, target, claimant, self._credential)
+        claim.future.add_done_callback(lambda done: self._answered(peer_key, key, done))
+
+    def answer(self, key: str) -> Answer | None:
+        """The answer to ``key``'s claim, or None while it may still come in time."""
+        with self._lock:
+            claim = self._claims.get(key)
+            if claim is None:
+                return "no claim was sent"
+            if claim.answer is not None:
+                return claim.answer
+            assert claim.future is not None
+            if claim.future.done():
+                claim.answer = claim.future.result()
+                return claim.answer
+            if self._clock() - claim.sent_at < self.deadline_s:
+                return None
+            peer = self._peers[(claim.target.host, claim.target.port)]
+            peer.stalled = True
+            claim.answer = (
+                f"no answer from decode {claim.target.host}:{claim.target.port} "
+                f"within {self.deadline_s * 1000:.0f} ms"
+            )
+            return claim.answer
+
+    def sent_at(self, key: str) -> float | None:
+        """When ``key``'s claim was sent (this desk's clock), or None without a claim."""
+        with self._lock:
+            claim = self._claims.get(key)
+            return None if claim is None else claim.sent_at
+
+    def drop(self, key: str) -> None:
+        """Forget ``key``'s claim (its request was scheduled or finished)."""
+        with self._lock:
+            self._forget(key)
+
+    def stalled(self) -> list[str]:
+        """The decodes (``host:port``) whose claims are refused until one is answered."""
+        with self._lock:
+            return [f"{host}:{port}" for (host, port), peer in self._peers.items() if peer.stalled]
+
+    def close(self) -> None:
+        """Stop the threads; claims still out are abandoned."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def _answered(self, peer_key: tuple[str, int], key: str, done: Future[Answer]) -> None:
+        """A claim's thread ended: a grant or refusal from decode clears its stall."""
+        answered = not done.cancelled() and isinstance(done.result(), Grant)
+        with self._lock:
+            peer = self._peers[peer_key]
+            peer.stalled = peer.stalled and not answered
+            peer.out.discard(key)
+            if not peer.out and not peer.stalled:
+                del self._peers[peer_key]
+
+    def _forget(self, key: str) -> None:
+        claim = self._claims.pop(key, None)
+        if claim is not None and claim.future is not None:
+            claim.future.cancel()
