@@ -171,7 +171,7 @@ class OfferReader:
         elif admission.verdict is Verdict.UNCHECKED:
             self.recorder.record_verdict(direction, admission.verdict)
         else:
-            self._verify(view, params, direction)
+            self.verify(view, params, direction)
         return params
 
     def _prompt_problem(self, view: PromptView, params: dict[str, Any]) -> str | None:
@@ -184,7 +184,7 @@ class OfferReader:
             )
         return None
 
-    def _verify(self, view: PromptView, params: dict[str, Any], direction: Direction) -> None:
+    def verify(self, view: PromptView, params: dict[str, Any], direction: Direction) -> None:
         """Cut an admitted offer to the prefix of the prompt its digest verifies; claim it."""
         plan_for = plan_reuse if direction is Direction.DECODE_TO_PREFILL else plan_pull
         plan = plan_for(

@@ -15,6 +15,7 @@ import copy
 import functools
 import inspect
 import itertools
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,9 +47,9 @@ from vllm.v1.structured_output import StructuredOutputManager
 from conftest import MODEL_DIR
 from disagg.rig.engine import MODEL_NAME, ensure_model
 from disagg_connector.offer import BOUND_KEYS
-from disagg_connector.offer_form import REMOTE_FIELDS, pull_direction
+from disagg_connector.offer_form import REMOTE_FIELDS, Direction, pull_direction
 from disagg_connector.prefix_digest import TokenDigest
-from disagg_connector.scheduler import DisaggConnectorScheduler
+from disagg_connector.scheduler import DisaggConnectorScheduler, prompt_view
 from disagg_connector.stats import OFFER_VERDICTS, DisaggKVConnectorStats, DisaggPromMetrics
 from disagg_contract import (
     CONNECTOR_CLASS,
@@ -179,8 +180,10 @@ def drive(engine: Engine, req: Request) -> tuple[dict[str, Any] | None, list[Any
     scheduler.add_request(req)
     reads: list[Any] = []
     answer = iter(ANSWER)
-    for _ in range(50):
+    for _ in range(500):  # a step that schedules nothing waits for a claim's answer
         out = scheduler.schedule()
+        if not out.num_scheduled_tokens:
+            time.sleep(0.002)
         meta = out.kv_connector_metadata
         recv = dict(meta.reqs_to_recv) if meta is not None else {}
         reads.extend(recv.values())
@@ -351,13 +354,46 @@ def test_a_replayed_offer_is_refused(pair: Pair) -> None:
     assert recompute_check(prefill, prefill_params_for(d2p)) == ["decode_to_prefill:replayed"]
 
 
-def test_an_expired_offer_is_refused(pair: Pair, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_offer_decode_no_longer_holds_is_refused_by_its_claim(pair: Pair) -> None:
+    """Whether an offer still holds is decode's to say, on its own clock: released (or lapsed,
+    capped, freed) retentions refuse the claim, and prefill recomputes."""
+    prefill, decode = pair
+    d2p = first_turn(pair, PROMPT)
+    retainer = decode.side.retainer
+    assert retainer is not None
+    assert retainer.table.release(d2p["remote_request_id"], d2p[OFFER_KEY]["id"])
+    assert d2p["remote_request_id"] in [rid for rid, _ in retainer.table.take_due()]
+    prefill.verdicts()
+    assert recompute_check(prefill, prefill_params_for(d2p)) == ["decode_to_prefill:unclaimed"]
+
+
+@pytest.mark.parametrize("skew_s", [-120.0, 120.0])
+def test_a_skewed_reader_clock_changes_nothing(
+    pair: Pair, monkeypatch: pytest.MonkeyPatch, skew_s: float
+) -> None:
+    """Prefill compares none of decode's times with its own clock."""
     prefill, _ = pair
     d2p = first_turn(pair, PROMPT)
-    later = d2p[OFFER_KEY]["exp"]
-    monkeypatch.setattr("disagg_connector.scheduler.time.time", lambda: later)
+    skewed = time.time() + skew_s
+    monkeypatch.setattr("disagg_connector.reader.time.time", lambda: skewed)
     prefill.verdicts()
-    assert recompute_check(prefill, prefill_params_for(d2p)) == ["decode_to_prefill:expired"]
+    _, reads = drive(prefill, request(NEXT, prefill_params_for(d2p), 1))
+    assert len(reads) == 1
+    assert prefill.verdicts() == ["decode_to_prefill:verified"]
+
+
+def test_a_prefill_offer_of_another_prompt_reads_only_its_matching_blocks(pair: Pair) -> None:
+    """Decode is sent prompt B with prefill's signed offer of prompt A's KV: it reads the
+    whole blocks the two share and computes the rest, so nothing of A enters its cache."""
+    prefill, decode = pair
+    p2d, _ = drive(prefill, request(PROMPT, prefill_params(None), 1))
+    other = [*PROMPT[:40], *range(700, 740)]  # shares the first 2.5 blocks
+    decode.verdicts()
+    req = request(other, copy.deepcopy(p2d), len(ANSWER))
+    _, reads = drive(decode, req)
+    (read,) = reads
+    assert read.remote.block_ids == [p2d["remote_block_ids"][0][:2]]
+    assert decode.verdicts() == ["prefill_to_decode:diverged"]
 
 
 def test_a_decode_offer_flipped_into_a_prefill_to_decode_read_is_refused(
@@ -396,7 +432,7 @@ def test_lora_and_images_are_bound_into_the_digest(pair: Pair) -> None:
     held.status = RequestStatus.FINISHED_LENGTH_CAPPED
     held.num_computed_tokens = len(PROMPT)
     params = dict(remote_num_tokens=len(PROMPT), do_remote_decode=True)
-    decode.side._publish_digest(held, params)
+    decode.side._publish_digest(held, params, whole_prompt=False)
     digest = TokenDigest.from_wire(params[TOKEN_DIGEST_KEY])
 
     side = prefill.side
@@ -416,7 +452,7 @@ def test_lora_and_images_are_bound_into_the_digest(pair: Pair) -> None:
         }
         offer["remote_block_ids"] = [offer["remote_block_ids"][0][: len(PROMPT) // BLOCK]]
         req = request(NEXT, offer, 1, **extra)
-        side._verify_offer(req, offer)
+        side.reader.verify(prompt_view(req), offer, Direction.DECODE_TO_PREFILL)
         assert offer["remote_num_tokens"] == verified, extra
         side.request_finished(req, ([],))
 
@@ -426,7 +462,7 @@ def test_prompt_embeds_are_never_reused(pair: Pair) -> None:
     offer = prefill_params_for(first_turn(pair, PROMPT))
     req = request(NEXT, offer, 1, prompt_embeds=torch.zeros(len(NEXT), 4))
     side = prefill.side
-    side._verify_offer(req, offer)
+    side.reader.verify(prompt_view(req), offer, Direction.DECODE_TO_PREFILL)
     assert offer["remote_num_tokens"] == 0
     side.request_finished(req, ([],))
 
