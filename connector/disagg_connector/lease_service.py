@@ -11,11 +11,12 @@ The service runs inside vLLM, so what any caller can make it hold is bounded. On
 an asyncio loop that serves every connection, one call per connection. Each connection has
 ``LEASE_CALL_TIMEOUT_S`` from its accept to the last byte of the reply, whatever it is waiting
 for (headers, body, the caller reading the reply); past it the connection is closed and counted
-``closed_on_deadline``. At most ``MAX_CONNECTIONS`` are open at once: a connection past that
-bound is closed as soon as it is accepted and counted ``refused_at_bound``. A connection buffers
-at most ``MAX_HEADER_BYTES`` of headers before its credential is checked and
-``MAX_BODY_BYTES`` of body after, so the service's memory is bounded by ``MAX_CONNECTIONS``
-times their sum, and its threads by one.
+``closed_on_deadline``. At most ``MAX_CONNECTIONS`` are open at once (and as many more may
+wait in the kernel's accept queue): a connection past that bound is closed as soon as it is
+accepted and counted ``refused_at_bound``; :meth:`LeaseService.connection_stats` reads the
+counts. A connection buffers at most ``MAX_HEADER_BYTES`` of headers before its credential is
+checked and ``MAX_BODY_BYTES`` of body after, so the service's memory is bounded by
+``MAX_CONNECTIONS`` times their sum, and its threads by one.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import json
 import logging
 import socket
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from http import HTTPStatus
@@ -314,24 +316,14 @@ class ClaimTarget:
 def claim(target: ClaimTarget, claimant: str, credential: str | None) -> Grant | str:
     """Ask decode for the read of a retention: its grant, or why no answer came.
 
-    Blocks for at most about LEASE_CALL_TIMEOUT_S (connecting, then decode's deadline).
+    Takes at most LEASE_CALL_TIMEOUT_S, connecting included; a later answer counts as none.
+    That is no longer than the trust window of the shortest hold decode grants (a contract
+    invariant, tested), so a grant this returns still leaves its read time to start.
     """
     call = ClaimCall(request=target.request_id, offer=target.offer_id, claimant=claimant)
-    headers = {"Content-Type": "application/json"}
-    if credential:
-        headers["Authorization"] = f"Bearer {credential}"
-    connection = http.client.HTTPConnection(target.host, target.port, timeout=LEASE_CALL_TIMEOUT_S)
-    try:
-        connection.request("POST", LEASE_CLAIM_PATH, json.dumps(call), headers)
-        response = connection.getresponse()
-        text = response.read(MAX_BODY_BYTES)
-        if response.status != HTTPStatus.OK:
-            return f"decode answered {response.status}"
-        document = json.loads(text)
-    except (OSError, http.client.HTTPException, ValueError) as exc:
-        return f"no answer from {target.host}:{target.port} ({type(exc).__name__}: {exc})"
-    finally:
-        connection.close()
+    document = _post(target, LEASE_CLAIM_PATH, json.dumps(call), credential)
+    if isinstance(document, str):
+        return document
     reply = _claim_reply(document)
     if isinstance(reply, str):
         return reply
@@ -341,6 +333,32 @@ def claim(target: ClaimTarget, claimant: str, credential: str | None) -> Grant |
         return Grant(False, ClaimRefusal(reply["reason"]))
     except ValueError:
         return f"decode refused for an unknown reason {reply['reason']!r}"
+
+
+def _post(target: ClaimTarget, path: str, body: str, credential: str | None) -> object:
+    """POST ``body`` to decode's lease service: its decoded JSON reply within
+    LEASE_CALL_TIMEOUT_S, or (a string) why none came."""
+    deadline = time.monotonic() + LEASE_CALL_TIMEOUT_S
+    headers = {"Content-Type": "application/json"}
+    if credential:
+        headers["Authorization"] = f"Bearer {credential}"
+    connection = http.client.HTTPConnection(target.host, target.port, timeout=LEASE_CALL_TIMEOUT_S)
+    try:
+        connection.connect()
+        connection.sock.settimeout(max(deadline - time.monotonic(), 0.001))
+        connection.request("POST", path, body, headers)
+        response = connection.getresponse()
+        text = response.read(MAX_BODY_BYTES)
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"answered after {LEASE_CALL_TIMEOUT_S}s")
+        if response.status != HTTPStatus.OK:
+            return f"decode answered {response.status}"
+        document: object = json.loads(text)
+    except (OSError, http.client.HTTPException, ValueError) as exc:
+        return f"no answer from {target.host}:{target.port} ({type(exc).__name__}: {exc})"
+    finally:
+        connection.close()
+    return document
 
 
 def _claim_reply(document: object) -> ClaimReply | str:

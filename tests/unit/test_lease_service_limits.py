@@ -1,9 +1,11 @@
 """Decode's lease service under callers that never finish: a real LeaseService on 127.0.0.1
 over a real RetentionTable closes every connection at its deadline, holds at most its bound of
-connections on one thread, and keeps answering claims and renewals meanwhile."""
+connections on one thread, and keeps answering claims and renewals meanwhile; the largest call
+the contract allows and the router's own client are served; a claim gives up in time."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import selectors
@@ -30,12 +32,18 @@ from disagg_contract import (
     LEASE_RELEASE_PATH,
     LEASE_RENEW_PATH,
     MAX_LEASES_PER_CALL,
+    MIN_CLAIM_HOLD_S,
     LeaseName,
     ReleaseCall,
     ReleasedLease,
     ReleaseReason,
+    ReleaseReply,
     RenewCall,
+    RenewReply,
+    claim_trust_s,
 )
+from disagg_router.payloads import dumps
+from disagg_router.upstream import EngineClient
 
 CREDENTIAL = "engine-secret"
 FLOOD = 300
@@ -195,3 +203,47 @@ def test_the_largest_call_the_contract_allows_is_served() -> None:
         request.add_header("Authorization", f"Bearer {CREDENTIAL}")
         with urllib.request.urlopen(request, timeout=LEASE_CALL_TIMEOUT_S) as response:
             assert json.loads(response.read()) == {"released": 0}
+
+
+def test_the_routers_client_is_served_by_the_real_service() -> None:
+    """The router's pooled aiohttp client, as LeaseBook calls it: one renewal and one release,
+    each answered, then the connection closed by the service (one call per connection)."""
+    renewal = RenewCall(leases=[LeaseName(request="a", offer="offer-a")])
+    release = ReleaseCall(
+        leases=[ReleasedLease(request="a", offer="offer-a", reason=ReleaseReason.IDLE.value)]
+    )
+
+    async def calls(port: int) -> list[tuple[int, bytes]]:
+        client = EngineClient(LEASE_CALL_TIMEOUT_S, api_key=CREDENTIAL)
+        base = f"http://127.0.0.1:{port}"
+        try:
+            return [
+                await client.call(base + LEASE_RENEW_PATH, dumps(renewal), LEASE_CALL_TIMEOUT_S),
+                await client.call(base + LEASE_RELEASE_PATH, dumps(release), LEASE_CALL_TIMEOUT_S),
+                await client.call(base + LEASE_RENEW_PATH, dumps(renewal), LEASE_CALL_TIMEOUT_S),
+            ]
+        finally:
+            await client.close()
+
+    with lease_service() as service:
+        answers = asyncio.run(calls(service.port))
+        assert [(status, json.loads(body)) for status, body in answers] == [
+            (200, RenewReply(gone=[])),
+            (200, ReleaseReply(released=1)),
+            (200, RenewReply(gone=[LeaseName(request="a", offer="offer-a")])),
+        ]
+        stats_reach(service, ConnectionStats(0, 0, 0), 1.0)
+
+
+def test_a_claim_gives_up_within_the_call_timeout_and_in_its_trust_window() -> None:
+    """A lease port that accepts and never answers: the claim is an answer (no grant) within
+    LEASE_CALL_TIMEOUT_S, which ends no later than the trust window of the shortest hold, so a
+    grant claim() returns always leaves its read time to start."""
+    assert claim_trust_s(MIN_CLAIM_HOLD_S) >= LEASE_CALL_TIMEOUT_S
+    with socket.create_server(("127.0.0.1", 0)) as silent:
+        target = ClaimTarget("127.0.0.1", silent.getsockname()[1], "a", "offer-a")
+        began = time.monotonic()
+        answer = claim(target, "p:1", CREDENTIAL)
+        took = time.monotonic() - began
+    assert isinstance(answer, str) and "no answer" in answer, answer
+    assert LEASE_CALL_TIMEOUT_S - 0.1 <= took <= LEASE_CALL_TIMEOUT_S + 1.0
