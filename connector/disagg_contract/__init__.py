@@ -105,9 +105,10 @@ conversations; ``gone`` names the ones decode no longer holds."""
 LEASE_RELEASE_PATH = "/disagg/v1/leases/release"
 """POST :class:`ReleaseCall` -> :class:`ReleaseReply`: the router drops retentions it will never
 offer again (superseded, evicted, expired, idle, closed, drained)."""
-MAX_LEASES_PER_CALL = 1000
+MAX_LEASES_PER_CALL = 800
 """Most leases one renewal or release names: the router splits larger batches, decode's lease
-service refuses a longer list (400)."""
+service refuses a longer list (400). A release of this many leases with the longest ids the
+service takes fits its body limit with room to spare."""
 LEASE_CALL_TIMEOUT_S = 2.0
 """Seconds one call on the lease port may take from connecting to the last byte of the reply:
 the router's and prefill's limit on waiting, and the deadline after which decode's lease
