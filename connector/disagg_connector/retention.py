@@ -16,7 +16,7 @@ the retention pays:
   sees freed blocks. A retention that was released, lapsed, freed, claimed by another reader
   or too close to its cap is refused, and prefill recomputes.
 
-Pure logic, no vLLM, safe to call from the lease service's threads and the scheduler's loop.
+Pure logic, no vLLM, safe to call from the lease service's thread and the scheduler's loop.
 All times are this process's ``time.perf_counter()``, the clock vLLM's worker frees blocks by.
 """
 

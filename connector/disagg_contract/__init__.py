@@ -92,19 +92,90 @@ the offer."""
 # --- Leases: decode's retained KV, held for the router and claimed by prefill ---------------
 # Decode serves these on its lease port (JSON over HTTP, ``Authorization: Bearer <engine
 # credential>`` when the engines have one). A lease is named by decode's request id and the
-# offer id of its signed envelope: {"request": "<remote_request_id>", "offer": "<id>"}.
+# offer id of its signed envelope (:class:`LeaseName`). Each path's body and reply are the
+# TypedDicts below; both sides build them, so mypy checks every field on each side.
 LEASE_CLAIM_PATH = "/disagg/v1/leases/claim"
-"""POST {"request", "offer", "claimant"} -> {"granted": bool, "hold_s": float, "reason": str}:
-prefill asks, at each scheduling attempt, before it reads. Decode grants one claimant per
-retention, then holds the blocks for ``hold_s`` past the grant whatever else happens (release,
-lease expiry, memory pressure), so a read that starts within :func:`claim_trust_s` of sending
-the claim never sees freed blocks."""
+"""POST :class:`ClaimCall` -> :class:`ClaimReply`: prefill asks, at each scheduling attempt,
+before it reads. Decode grants one claimant per retention, then holds the blocks for ``hold_s``
+past the grant whatever else happens (release, lease expiry, memory pressure), so a read that
+starts within :func:`claim_trust_s` of sending the claim never sees freed blocks."""
 LEASE_RENEW_PATH = "/disagg/v1/leases/renew"
-"""POST {"leases": [{"request", "offer"}, ...]} -> {"gone": [{"request", "offer"}, ...]}: the
-router extends the leases of open conversations; ``gone`` names the ones decode no longer holds."""
+"""POST :class:`RenewCall` -> :class:`RenewReply`: the router extends the leases of open
+conversations; ``gone`` names the ones decode no longer holds."""
 LEASE_RELEASE_PATH = "/disagg/v1/leases/release"
-"""POST {"leases": [{"request", "offer", "reason"}, ...]} -> {"released": int}: the router drops
-retentions it will never offer again (superseded, evicted, expired, idle, closed, drained)."""
+"""POST :class:`ReleaseCall` -> :class:`ReleaseReply`: the router drops retentions it will never
+offer again (superseded, evicted, expired, idle, closed, drained)."""
+MAX_LEASES_PER_CALL = 800
+"""Most leases one renewal or release names: the router splits larger batches, decode's lease
+service refuses a longer list (400). A release of this many leases with the longest ids the
+service takes fits its body limit with room to spare."""
+LEASE_CALL_TIMEOUT_S = 2.0
+"""Seconds one call on the lease port may take from connecting to the last byte of the reply:
+the router's and prefill's limit on waiting, and the deadline after which decode's lease
+service closes a connection whatever state it is in."""
+
+
+class LeaseName(TypedDict):
+    """How decode names one retention."""
+
+    request: str
+    """Decode's request id (``remote_request_id`` in its offer)."""
+    offer: str
+    """The offer id of the retention's signed envelope."""
+
+
+class ReleasedLease(LeaseName):
+    """A lease the router releases, with why."""
+
+    reason: str
+    """A :class:`ReleaseReason` value, for the router's own counts (decode does not read it)."""
+
+
+class ClaimCall(TypedDict):
+    """The body of a claim: which retention, and who reads it."""
+
+    request: str
+    offer: str
+    claimant: str
+    """The reader, ``<engine id>:<request id>`` of prefill: the one claimant a grant names."""
+
+
+class ClaimReply(TypedDict):
+    """Decode's answer to a claim."""
+
+    granted: bool
+    hold_s: float
+    """Seconds decode holds the blocks past the grant (0 when refused)."""
+    reason: str
+    """Why not (a ``ClaimRefusal`` value of the connector), empty when granted."""
+
+
+class RenewCall(TypedDict):
+    """The body of a renewal: at most :data:`MAX_LEASES_PER_CALL` leases."""
+
+    leases: list[LeaseName]
+
+
+class RenewReply(TypedDict):
+    """Decode's answer to a renewal."""
+
+    gone: list[LeaseName]
+    """The leases named in the call that decode no longer holds."""
+
+
+class ReleaseCall(TypedDict):
+    """The body of a release: at most :data:`MAX_LEASES_PER_CALL` leases."""
+
+    leases: list[ReleasedLease]
+
+
+class ReleaseReply(TypedDict):
+    """Decode's answer to a release."""
+
+    released: int
+    """How many of the named leases decode held until now."""
+
+
 CLAIM_HOLD_S = 30.0
 """The longest hold decode grants (decode's clock); never past the retention's hard cap."""
 MIN_CLAIM_HOLD_S = 4.0

@@ -30,11 +30,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from disagg_contract import (
+    LEASE_CALL_TIMEOUT_S,
     LEASE_KEY,
     LEASE_RELEASE_PATH,
     LEASE_RENEW_PATH,
+    MAX_LEASES_PER_CALL,
     OFFER_KEY,
+    LeaseName,
+    ReleaseCall,
+    ReleasedLease,
     ReleaseReason,
+    RenewCall,
+    RenewReply,
     renewal_period_s,
 )
 from disagg_router.conversation import TurnEntry
@@ -45,11 +52,6 @@ from disagg_router.upstream import EngineClient, UpstreamFailure
 
 log = logging.getLogger("disagg.router.leases")
 
-LEASE_CALL_TIMEOUT_S = 2.0
-"""Seconds one call to a lease service may take, connecting included."""
-LEASES_PER_CALL = 1000
-"""Most leases one renewal or release names (a lease service refuses overlong calls)."""
-
 
 @dataclass(frozen=True)
 class Lease:
@@ -59,9 +61,13 @@ class Lease:
     request: str
     offer: str
 
-    def name(self) -> dict[str, str]:
+    def name(self) -> LeaseName:
         """How the lease service names it."""
-        return {"request": self.request, "offer": self.offer}
+        return LeaseName(request=self.request, offer=self.offer)
+
+    def released(self, reason: ReleaseReason) -> ReleasedLease:
+        """How a release names it."""
+        return ReleasedLease(request=self.request, offer=self.offer, reason=reason.value)
 
 
 def lease_of(params: Mapping[str, Any] | None) -> Lease | None:
@@ -212,7 +218,7 @@ class LeaseBook:
     async def sweep(self) -> None:
         """One renewal pass: release what lapsed, went idle or is on a draining decode (unless
         a turn in flight will supersede it), renew the rest but those on a draining decode (one
-        call per lease service and LEASES_PER_CALL leases), drop what decode reports gone."""
+        call per lease service and MAX_LEASES_PER_CALL leases), drop what decode reports gone."""
         now, wall = self._clock(), time.time()
         draining = set(self._draining())
         renewals: dict[str, list[tuple[str, _Held]]] = {}
@@ -231,9 +237,9 @@ class LeaseBook:
                 renewals.setdefault(held.lease.service, []).append((key, held))
         await asyncio.gather(
             *(
-                self._renew(service, batch[start : start + LEASES_PER_CALL])
+                self._renew(service, batch[start : start + MAX_LEASES_PER_CALL])
                 for service, batch in renewals.items()
-                for start in range(0, len(batch), LEASES_PER_CALL)
+                for start in range(0, len(batch), MAX_LEASES_PER_CALL)
             ),
             *(self._drop(key, seq) for key, seq in drops),
         )
@@ -255,35 +261,35 @@ class LeaseBook:
                 log.exception("lease releases failed")
 
     async def _send_releases(self) -> None:
-        """Send every queued release, one call per lease service and LEASES_PER_CALL leases."""
+        """Send every queued release, one call per lease service and MAX_LEASES_PER_CALL leases."""
         self._wake.clear()
         queued, self._releases = self._releases, []
-        batches: dict[str, list[dict[str, str]]] = {}
+        batches: dict[str, list[ReleasedLease]] = {}
         for lease, reason in queued:
-            batches.setdefault(lease.service, []).append({**lease.name(), "reason": reason.value})
+            batches.setdefault(lease.service, []).append(lease.released(reason))
         await asyncio.gather(
             *(
                 self._call(
                     service + LEASE_RELEASE_PATH,
-                    {"leases": leases[start : start + LEASES_PER_CALL]},
+                    ReleaseCall(leases=leases[start : start + MAX_LEASES_PER_CALL]),
                     "release",
                 )
                 for service, leases in batches.items()
-                for start in range(0, len(leases), LEASES_PER_CALL)
+                for start in range(0, len(leases), MAX_LEASES_PER_CALL)
             )
         )
 
     async def _renew(self, service: str, batch: list[tuple[str, _Held]]) -> None:
         """Renew one lease service's leases; drop those it reports gone."""
-        body = {"leases": [held.lease.name() for _, held in batch]}
+        body = RenewCall(leases=[held.lease.name() for _, held in batch])
         reply = await self._call(service + LEASE_RENEW_PATH, body, "renew")
         if reply is None:
             return
-        gone = reply.get("gone")
-        if not isinstance(gone, list):
+        renewed = _renew_reply(reply)
+        if renewed is None:
             self._failed("renew", "bad_reply", f"{service}: no gone list")
             return
-        names = {(g.get("request"), g.get("offer")) for g in gone if isinstance(g, dict)}
+        names = {(name["request"], name["offer"]) for name in renewed["gone"]}
         drops = []
         for key, held in batch:
             lease = held.lease
@@ -301,7 +307,9 @@ class LeaseBook:
             self._metrics.store_errors.labels("drop").inc()
             log.warning("conversation store drop failed: %s: %s", type(exc).__name__, exc)
 
-    async def _call(self, url: str, body: dict[str, Any], call: str) -> dict[str, Any] | None:
+    async def _call(
+        self, url: str, body: RenewCall | ReleaseCall, call: str
+    ) -> dict[str, Any] | None:
         """POST ``body`` to a lease service; its JSON reply, or None (counted) on failure."""
         try:
             status, content = await self._engines.call(url, dumps(body), LEASE_CALL_TIMEOUT_S)
@@ -319,3 +327,19 @@ class LeaseBook:
     def _failed(self, call: str, kind: str, detail: str) -> None:
         self._metrics.lease_call_failures.labels(call, kind).inc()
         log.warning("lease %s failed (%s): %s", call, kind, detail)
+
+
+def _renew_reply(reply: Mapping[str, Any]) -> RenewReply | None:
+    """A renewal's reply as a RenewReply (names that are not two strings left out), or None
+    when it has no ``gone`` list."""
+    gone = reply.get("gone")
+    if not isinstance(gone, list):
+        return None
+    names = [name for name in gone if isinstance(name, dict)]
+    return RenewReply(
+        gone=[
+            LeaseName(request=name["request"], offer=name["offer"])
+            for name in names
+            if isinstance(name.get("request"), str) and isinstance(name.get("offer"), str)
+        ]
+    )

@@ -29,7 +29,15 @@ import pytest
 from conftest import MODEL_DIR, PREFILL_CORE, Rig
 from conversations import ANSWER_TOKENS, assert_same_answers, reuse_record, tokenizer, user_text
 from disagg.rig.engine import MODEL_NAME, EngineServer, ServerSpec, start_all
-from disagg_contract import LEASE_RELEASE_PATH, OFFER_KEY, Role
+from disagg_contract import (
+    LEASE_RELEASE_PATH,
+    OFFER_KEY,
+    ReleaseCall,
+    ReleasedLease,
+    ReleaseReason,
+    ReleaseReply,
+    Role,
+)
 from driver import Conversation, PDDriver, TurnResult
 from probes import retention_ledger, sample
 
@@ -91,11 +99,15 @@ def first_turn(driver: PDDriver, off: PDDriver, seed: int) -> FirstTurn:
 
 def release(decode: EngineServer, offer: dict[str, Any]) -> None:
     """What the router sends decode when it drops the conversation's entry."""
-    lease = {"request": offer["remote_request_id"], "offer": offer[OFFER_KEY]["id"]}
-    body = json.dumps({"leases": [{**lease, "reason": "closed"}]}).encode()
+    lease = ReleasedLease(
+        request=offer["remote_request_id"],
+        offer=offer[OFFER_KEY]["id"],
+        reason=ReleaseReason.CLOSED.value,
+    )
+    body = json.dumps(ReleaseCall(leases=[lease])).encode()
     url = f"http://127.0.0.1:{decode.spec.lease_port}{LEASE_RELEASE_PATH}"
     with urllib.request.urlopen(urllib.request.Request(url, body, method="POST"), timeout=5) as r:
-        assert json.loads(r.read()) == {"released": 1}
+        assert json.loads(r.read()) == ReleaseReply(released=1)
 
 
 def claims(decode: EngineServer, outcome: str) -> float:

@@ -12,7 +12,19 @@ import pytest
 
 from disagg_connector.lease_service import ClaimTarget, LeaseService, answer, claim
 from disagg_connector.retention import ClaimRefusal, FreeReason, Grant, RetentionTable
-from disagg_contract import LEASE_CLAIM_PATH, LEASE_RELEASE_PATH, LEASE_RENEW_PATH
+from disagg_contract import (
+    LEASE_CLAIM_PATH,
+    LEASE_RELEASE_PATH,
+    LEASE_RENEW_PATH,
+    ClaimCall,
+    ClaimReply,
+    LeaseName,
+    ReleaseCall,
+    ReleasedLease,
+    ReleaseReply,
+    RenewCall,
+    RenewReply,
+)
 
 TERM_S, HOLD_S, MIN_HOLD_S, CAP_S = 30.0, 10.0, 4.0, 480.0
 GRANTED = Grant(True, hold_s=HOLD_S)
@@ -155,21 +167,24 @@ def test_pressure_frees_least_recently_made_first_and_only_what_is_needed(
 def _table_calls(table: RetentionTable) -> dict[str, Any]:
     table.retain("a", "offer-a", 1, CAP_S)
     table.retain("b", "offer-b", 1, CAP_S)
-    renewed = answer(
-        table,
-        LEASE_RENEW_PATH,
-        {"leases": [{"request": "a", "offer": "offer-a"}, {"request": "z", "offer": "x"}]},
+    renew = RenewCall(
+        leases=[LeaseName(request="a", offer="offer-a"), LeaseName(request="z", offer="x")]
     )
-    released = answer(table, LEASE_RELEASE_PATH, {"leases": [{"request": "b", "offer": "offer-b"}]})
-    claimed = answer(table, LEASE_CLAIM_PATH, {"request": "b", "offer": "offer-b", "claimant": "c"})
-    return {"renewed": renewed, "released": released, "claimed": claimed}
+    release = ReleaseCall(leases=[ReleasedLease(request="b", offer="offer-b", reason="idle")])
+    return {
+        "renewed": answer(table, LEASE_RENEW_PATH, renew),
+        "released": answer(table, LEASE_RELEASE_PATH, release),
+        "claimed": answer(
+            table, LEASE_CLAIM_PATH, ClaimCall(request="b", offer="offer-b", claimant="c")
+        ),
+    }
 
 
 def test_answers_to_each_call(table: RetentionTable) -> None:
     assert _table_calls(table) == {
-        "renewed": {"gone": [{"request": "z", "offer": "x"}]},
-        "released": {"released": 1},
-        "claimed": {"granted": False, "hold_s": 0.0, "reason": "released"},
+        "renewed": RenewReply(gone=[LeaseName(request="z", offer="x")]),
+        "released": ReleaseReply(released=1),
+        "claimed": ClaimReply(granted=False, hold_s=0.0, reason="released"),
     }
 
 

@@ -10,7 +10,7 @@ import json
 import math
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -28,7 +28,11 @@ from disagg_contract import (
     OFFER_KEY,
     RETAIN_KEY,
     REUSE_SUMMARY_PATH,
+    LeaseName,
+    ReleasedLease,
     ReleaseReason,
+    ReleaseReply,
+    RenewReply,
     renewal_period_s,
 )
 from disagg_router import leases
@@ -40,7 +44,7 @@ from router_harness import RouterRig, SecretVolume, metric, redis_server, router
 CHAT = "/v1/chat/completions"
 ENGINE_KEY = "sk-engine-lease-42"
 KEYS = {"alice": "sk-alice-lease", "bob": "sk-bob-lease"}
-LeaseName = tuple[str, str]
+NamePair = tuple[str, str]
 
 
 @dataclass(frozen=True)
@@ -56,11 +60,13 @@ class LeaseCall:
 class LeaseServiceStandIn:
     """A stand-in for decode's lease service (not the connector's): it answers renewals and
     releases of the leases a decode stand-in retained (``StandinState.retained``, released
-    ones leave it) and records every call. ``status`` and ``delay_s`` inject failures."""
+    ones leave it) and records every call, and in ``malformed`` those whose leases do not have
+    exactly the contract's fields. ``status`` and ``delay_s`` inject failures."""
 
     def __init__(self, decode: StandinState) -> None:
         self.decode = decode
         self.calls: list[LeaseCall] = []
+        self.malformed: list[LeaseCall] = []
         self.status = 200
         self.delay_s = 0.0
         self._lock = threading.Lock()
@@ -96,29 +102,32 @@ class LeaseServiceStandIn:
         self._thread.start()
         decode.lease_port = self.port
 
-    def answer(self, call: LeaseCall) -> tuple[int, dict[str, Any]]:
+    def answer(self, call: LeaseCall) -> tuple[int, Mapping[str, object]]:
         """Record ``call``; renew reports the leases no longer retained, release frees."""
+        shape = LeaseName if call.path == LEASE_RENEW_PATH else ReleasedLease
         with self._lock:
             self.calls.append(call)
+            if any(set(lease) != shape.__required_keys__ for lease in call.body["leases"]):
+                self.malformed.append(call)
         if self.status != 200:
             return self.status, {"error": "stand-in failure"}
         names = [(lease["request"], lease["offer"]) for lease in call.body["leases"]]
         if call.path == LEASE_RENEW_PATH:
             gone = [n for n in names if n not in self.decode.retained]
-            return 200, {"gone": [{"request": r, "offer": o} for r, o in gone]}
+            return 200, RenewReply(gone=[LeaseName(request=r, offer=o) for r, o in gone])
         released = [n for n in names if n in self.decode.retained]
         self.decode.retained.difference_update(released)
-        return 200, {"released": len(released)}
+        return 200, ReleaseReply(released=len(released))
 
-    def renewed(self) -> list[LeaseName]:
+    def renewed(self) -> list[NamePair]:
         """Every lease named in a renewal, in order."""
         return [n for call in self._of(LEASE_RENEW_PATH) for n, _ in _names(call)]
 
-    def released(self) -> list[tuple[LeaseName, str]]:
+    def released(self) -> list[tuple[NamePair, str]]:
         """Every lease released, with its reason, in order."""
         return [(n, reason) for call in self._of(LEASE_RELEASE_PATH) for n, reason in _names(call)]
 
-    def released_at(self, name: LeaseName) -> float:
+    def released_at(self, name: NamePair) -> float:
         """When ``name`` was first released (monotonic clock)."""
         calls = self._of(LEASE_RELEASE_PATH)
         return next(call.at for call in calls for n, _ in _names(call) if n == name)
@@ -133,7 +142,7 @@ class LeaseServiceStandIn:
         self._server.server_close()
 
 
-def _names(call: LeaseCall) -> list[tuple[LeaseName, str]]:
+def _names(call: LeaseCall) -> list[tuple[NamePair, str]]:
     return [((x["request"], x["offer"]), x.get("reason", "")) for x in call.body["leases"]]
 
 
@@ -145,6 +154,7 @@ def leased_rig(**overrides: Any) -> Iterator[tuple[RouterRig, LeaseServiceStandI
         try:
             with httpx.Client(base_url=rig.routers[0].url, timeout=10) as client:
                 yield rig, lease, client
+            assert lease.malformed == [], "every lease call has the contract's fields"
         finally:
             lease.stop()
 
@@ -172,7 +182,7 @@ def turn(
     return time.monotonic() - began
 
 
-def offered(rig: RouterRig) -> list[LeaseName]:
+def offered(rig: RouterRig) -> list[NamePair]:
     """Every lease decode offered, in order."""
     return list(rig.decode[0].state.offers)
 
@@ -278,7 +288,7 @@ def test_a_lease_decode_reports_gone_is_dropped_with_its_entry() -> None:
 def test_renewals_are_batched_per_decode_in_calls_of_bounded_size(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(leases, "LEASES_PER_CALL", 2)
+    monkeypatch.setattr(leases, "MAX_LEASES_PER_CALL", 2)
     with leased_rig(idle_timeout_s=4.0) as (rig, lease, client):
         for conversation in ("x", "y", "z"):
             turn(client, conversation)
