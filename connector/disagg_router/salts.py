@@ -13,7 +13,9 @@ every router replica of a model shares: replicas salt alike, so a conversation k
 prefix cache whichever router serves its turn, and a salt reveals nothing of the tenant's
 name to whoever reads engine logs. Without an engine credential ``f`` is a plain SHA-256:
 the engines then accept requests from anyone who reaches them, so no key would keep a salt
-from being chosen there, while through the router the tenant still always goes in. The
+from being chosen there, while through the router the tenant still always goes in (likewise
+when the credential is the ``--api-key``, sent to the engines without ``--engine-key-file``:
+its clients could reach the engines with it directly). The
 message is the JSON array ``[context, tenant, client_salt]``, an unambiguous encoding: two
 different (tenant, client salt) pairs never hash the same input. A new engine credential
 changes every salt once (each tenant's prefix cache starts cold).

@@ -68,6 +68,13 @@ class FailingStore(MemoryStore):
         raise ConnectionError("store down")
 
 
+class NoRoomStore(MemoryStore):
+    """A store that fails to store a new conversation (as a Redis past its timeout)."""
+
+    async def open_turn(self, key: str) -> int:
+        raise TimeoutError("store too slow")
+
+
 @asynccontextmanager
 async def proxy(
     engines: dict[str, list[Engine]], store: ConversationStore | None = None
@@ -146,6 +153,21 @@ def request_with(body: bytes) -> Request:
     return Request(scope, receive)
 
 
+async def never_leaves() -> Message:
+    """An ASGI ``receive`` of a client that stays until the answer ends."""
+    await asyncio.Event().wait()
+    raise AssertionError("unreachable")
+
+
+def collect(sent: list[Message]) -> Callable[[Message], Awaitable[None]]:
+    """An ASGI ``send`` that keeps every message in ``sent``."""
+
+    async def send(message: Message) -> None:
+        sent.append(message)
+
+    return send
+
+
 def test_read_checks_the_request_and_salts_the_engine_bodies(engines: Any) -> None:
     async def scenario(service: ProxyService) -> None:
         sent = {"model": MODEL, "messages": MESSAGES, "conversation_id": "c", "stream": True}
@@ -163,6 +185,11 @@ def test_read_checks_the_request_and_salts_the_engine_bodies(engines: Any) -> No
         with pytest.raises(RouterError) as refused:
             await service.read(read, request_with(json.dumps({**sent, "n": 2}).encode()))
         assert (refused.value.status, refused.value.param) == (400, "n")
+        for replica in service._decode.members():
+            service._decode.mark_failed(replica)
+        with pytest.raises(RouterError) as unavailable:
+            await service.read(read, request_with(json.dumps(sent).encode()))
+        assert (unavailable.value.status, unavailable.value.code) == (503, "no_decode_replica")
 
     run(engines, scenario)
 
@@ -253,6 +280,23 @@ def test_prefill_retries_a_failed_call_once_on_the_other_replica(engines: Any) -
     run(engines, scenario)
 
 
+def test_a_turn_its_store_could_not_open_is_neither_retained_nor_committed(engines: Any) -> None:
+    async def scenario(service: ProxyService) -> None:
+        unopened = turn("new")
+        await service.resolve(unopened)
+        await service.prefill(unopened)
+        assert unopened.seq == 0
+        assert service._metrics.store_errors.labels("open_turn")._value.get() == 1
+        await service.decode(unopened)
+        assert unopened.answer is not None
+        await service.relay(unopened, {"type": "http"}, never_leaves, collect([]))
+        [sent] = [body for e in engines["decode"] for body in e.state.received]
+        assert RETAIN_KEY not in sent[KV_TRANSFER_PARAMS]
+        assert await service._store.forget(key_of("new")) == (False, None), "nothing committed"
+
+    run(engines, scenario, NoRoomStore(100))
+
+
 @pytest.mark.parametrize(("conversation_id", "retained"), [("conv", True), (None, False)])
 def test_decode_asks_to_retain_only_a_numbered_turns_kv(
     engines: Any, conversation_id: str | None, retained: bool
@@ -298,15 +342,7 @@ def test_relay_answers_without_params_and_commits_them(engines: Any, stream: boo
         await service.prefill(relayed)
         await service.decode(relayed)
         sent: list[Message] = []
-
-        async def send(message: Message) -> None:
-            sent.append(message)
-
-        async def receive() -> Message:
-            await asyncio.Event().wait()
-            raise AssertionError("never")
-
-        await service.relay(relayed, {"type": "http"}, receive, send)
+        await service.relay(relayed, {"type": "http"}, never_leaves, collect(sent))
         assert relayed.answering and sent[0]["status"] == 200
         body = b"".join(m.get("body", b"") for m in sent[1:])
         assert b"w" in body and KV_TRANSFER_PARAMS.encode() not in body
