@@ -66,6 +66,10 @@ class ReadDecision(enum.StrEnum):
 # --- kv_transfer_params: what decode offers and prefill reads ------------------------------
 KV_TRANSFER_PARAMS = "kv_transfer_params"
 """The request and response field that carries the connector's params through the router."""
+CACHE_SALT_KEY = "cache_salt"
+"""The request field (vLLM's) mixed into the request's prefix-cache block hashes, and so into
+the connector's token digest: the router sets it on every prefill and decode body, derived per
+tenant, so that tenants never share cached blocks."""
 EXPIRES_AT_KEY = "disagg_expires_at"
 """Unix time (decode's wall clock) at which decode frees the retained blocks."""
 TOKEN_DIGEST_KEY = "disagg_token_digest"

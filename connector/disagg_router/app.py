@@ -5,7 +5,8 @@ lease book's renewals, and stops them at shutdown. The two generation endpoints 
 they skip FastAPI's routing and middleware stack and Starlette's streaming response, a fast
 path whose saving benchmarks/README.md (router section) records; every other route stays with
 FastAPI. Every request passes the client guard first; a generation request then needs one of
-the request slots, which the probes and the other routes never wait for.
+the request slots, of its tenant's share and of the whole, which the probes and the other
+routes never wait for.
 """
 
 from __future__ import annotations
@@ -26,7 +27,13 @@ from disagg_router import routes
 from disagg_router.auth import CONVERSATION_SCOPE, Guard, KeyGuard, OpenGuard, unauthorized
 from disagg_router.config import RouterConfig, check_client_keys, engine_credential
 from disagg_router.discovery import build_discovery
-from disagg_router.errors import RouterError, error_response, overloaded, request_id_of
+from disagg_router.errors import (
+    RouterError,
+    error_response,
+    overloaded,
+    request_id_of,
+    tenant_overloaded,
+)
 from disagg_router.health import HealthChecker
 from disagg_router.leases import LeaseBook
 from disagg_router.limits import RequestSlots
@@ -34,6 +41,7 @@ from disagg_router.metrics import RouterMetrics
 from disagg_router.openai_request import Endpoint
 from disagg_router.proxy import ProxyService
 from disagg_router.replicas import ReplicaPool
+from disagg_router.salts import CacheSalts
 from disagg_router.stores import build_store
 from disagg_router.tenants import TenantKeys
 from disagg_router.upstream import EngineClient
@@ -61,30 +69,40 @@ class RouterApp:
             await self._api(scope, receive, send)
             return
         endpoint = _ENDPOINTS.get(scope["path"])
-        conversation_scope = self._guard.scope_of(scope)
-        if conversation_scope is None:
+        client = self._guard.admit(scope)
+        if client is None:
             label = endpoint.value if endpoint is not None else "other"
             self.state.metrics.requests.labels(label, "unauthorized").inc()
             await unauthorized(scope)(scope, receive, send)
             return
         if endpoint is None:
-            scope[CONVERSATION_SCOPE] = conversation_scope
+            scope[CONVERSATION_SCOPE] = client.conversation_scope
             await self._api(scope, receive, send)
             return
         if scope["method"] != "POST":
             response = not_routed(405, "Method Not Allowed", Request(scope, receive))
             await response(scope, receive, send)
             return
-        if not self.slots.take():
-            self.state.metrics.requests.labels(endpoint.value, "overloaded").inc()
-            error = overloaded(self.slots.limit)
-            response = error_response(error, request_id_of(Headers(scope=scope)))
-            await response(scope, receive, send)
+        if not self.slots.take(client.tenant):
+            await self._refuse_slot(endpoint, client.tenant, scope, receive, send)
             return
         try:
-            await self.state.proxy.serve_turn(endpoint, conversation_scope, scope, receive, send)
+            await self.state.proxy.serve_turn(endpoint, client, scope, receive, send)
         finally:
-            self.slots.give_back()
+            self.slots.give_back(client.tenant)
+
+    async def _refuse_slot(
+        self, endpoint: Endpoint, tenant: str, scope: Scope, receive: Receive, send: Send
+    ) -> None:
+        """Answer a request that found no slot: 503 when the router holds all of them, 429 when
+        the client's tenant holds its whole share."""
+        if self.slots.in_flight >= self.slots.limit:
+            error, outcome = overloaded(self.slots.limit), "overloaded"
+        else:
+            error, outcome = tenant_overloaded(self.slots.share(tenant)), "tenant_overloaded"
+        self.state.metrics.requests.labels(endpoint.value, outcome).inc()
+        response = error_response(error, request_id_of(Headers(scope=scope)))
+        await response(scope, receive, send)
 
 
 def create_app(config: RouterConfig) -> RouterApp:
@@ -97,7 +115,12 @@ def create_app(config: RouterConfig) -> RouterApp:
     guard: Guard = OpenGuard()
     if config.authenticates:
         guard = KeyGuard(TenantKeys(folder, config.api_key, config.client_keys_refresh_s))
-    slots = RequestSlots(config.max_concurrent_requests)
+    slots = RequestSlots(
+        config.max_concurrent_requests,
+        config.max_requests_per_tenant,
+        dict(config.tenant_requests),
+    )
+    salts = CacheSalts(credential)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -131,7 +154,9 @@ def create_app(config: RouterConfig) -> RouterApp:
         state = app.state
         state.prefill, state.decode, state.store = prefill, decode, store
         state.metrics, state.health, state.leases = metrics, health, leases
-        state.proxy = ProxyService(config, engines, prefill, decode, store, metrics, health, leases)
+        state.proxy = ProxyService(
+            config, engines, prefill, decode, store, metrics, health, leases, salts
+        )
         try:
             yield
         finally:

@@ -1,15 +1,18 @@
-"""Client authentication: which conversation scope a request belongs to, if it may proceed.
+"""Client authentication: which tenant and conversation scope a request belongs to, if it may
+proceed.
 
 With client keys (``--api-key``, ``--client-keys-dir``) a request needs one on every path but
-the open ones, and its scope is the key's tenant; without any, every request proceeds and the
-bearer token it sends, if any, is its scope (a label the client chose, not a credential). The
+the open ones, and its tenant and scope are the key's tenant; without any, every request
+proceeds as one tenant (``OPEN_TENANT``), and the bearer token it sends, if any, is its
+conversation scope (a label the client chose, not a credential). A request's tenant is whose
+request slots it takes (``limits``) and whose ``cache_salt`` the engines get (``salts``). The
 check reads the raw ASGI headers (no ``Headers`` object, no decoding), the cheapest way to look
 at every request; benchmarks/README.md (router section) has its cost.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from starlette.datastructures import Headers
 from starlette.responses import Response
@@ -25,13 +28,26 @@ too); none of them holds a secret or a conversation."""
 CONVERSATION_SCOPE = "disagg.conversation_scope"
 """The ASGI scope key under which the app hands FastAPI's routes the request's conversation
 scope."""
+OPEN_TENANT = ""
+"""The one tenant of a router without client keys (no key file can have this name)."""
+
+
+class Client(NamedTuple):
+    """Who sent a request: its tenant, and the scope its conversation ids live in."""
+
+    tenant: str
+    conversation_scope: str
+
+
+_UNSCOPED = Client(OPEN_TENANT, "")
+"""An open path's client under keys, or an open router's client without a bearer token."""
 
 
 class Guard(Protocol):
-    """Decides whether a request may proceed, and in which conversation scope."""
+    """Decides whether a request may proceed, as which client."""
 
-    def scope_of(self, scope: Scope) -> str | None:
-        """The conversation scope of the HTTP request in ``scope``; None: refused (401)."""
+    def admit(self, scope: Scope) -> Client | None:
+        """The client of the HTTP request in ``scope``; None: refused (401)."""
         ...
 
 
@@ -47,32 +63,41 @@ def bearer_token(scope: Scope) -> bytes | None:
 
 
 class KeyGuard:
-    """Admits requests that carry a client key, or ask for an open path; a key's scope is its
-    tenant, so tenants never share a conversation."""
+    """Admits requests that carry a client key, or ask for an open path; a key's client is its
+    tenant, in the scope ``tenant:<name>``, so tenants never share a conversation."""
 
-    __slots__ = ("_keys",)
+    __slots__ = ("_clients", "_keys")
 
     def __init__(self, keys: TenantKeys) -> None:
         self._keys = keys
+        self._clients: dict[str, Client] = {}
 
-    def scope_of(self, scope: Scope) -> str | None:
-        """``tenant:<name>`` for a client key, ``""`` for an open path, else None."""
+    def admit(self, scope: Scope) -> Client | None:
+        """The key's tenant, a client of no tenant for an open path, else None."""
         if scope["path"] in OPEN_PATHS:
-            return ""
+            return _UNSCOPED
         token = bearer_token(scope)
         tenant = self._keys.tenant_of(token) if token is not None else None
-        return None if tenant is None else f"tenant:{tenant}"
+        if tenant is None:
+            return None
+        client = self._clients.get(tenant)
+        if client is None:
+            client = self._clients[tenant] = Client(tenant, f"tenant:{tenant}")
+        return client
 
 
 class OpenGuard:
-    """Admits every request (no client keys configured)."""
+    """Admits every request (no client keys configured), all of them ``OPEN_TENANT``'s."""
 
     __slots__ = ()
 
-    def scope_of(self, scope: Scope) -> str:
-        """``token:<token>`` for a request with a bearer token, else ``""``."""
+    def admit(self, scope: Scope) -> Client:
+        """The open tenant, in the scope ``token:<token>`` for a request with a bearer token,
+        else ``""``."""
         token = bearer_token(scope)
-        return "" if token is None else "token:" + token.decode("latin-1")
+        if token is None:
+            return _UNSCOPED
+        return Client(OPEN_TENANT, "token:" + token.decode("latin-1"))
 
 
 def unauthorized(scope: Scope) -> Response:

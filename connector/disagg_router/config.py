@@ -62,6 +62,8 @@ class RouterConfig:
     max_body_bytes: int = 16 * 1024 * 1024
     body_timeout_s: float = 30.0
     max_concurrent_requests: int = 1024
+    max_requests_per_tenant: int | None = None
+    tenant_requests: tuple[tuple[str, int], ...] = ()
     connect_timeout_s: float = 2.0
     prefill_timeout_s: float = 600.0
     decode_timeout_s: float = 3600.0
@@ -139,6 +141,7 @@ class RouterConfig:
             if getattr(self, name) <= 0:
                 flag = name.removesuffix("_s").replace("_", "-")
                 raise ConfigError(f"--{flag}: must be a positive number of seconds")
+        self._check_tenant_shares()
         if self.decode_affinity_slack < 0 or self.kv_bytes_per_token < 0:
             raise ConfigError("--decode-affinity-slack/--kv-bytes-per-token: must not be negative")
         if self.log_format not in ("text", "json"):
@@ -146,6 +149,47 @@ class RouterConfig:
         if self.api_key is not None:
             check_key(f"--api-key/{ROUTER_API_KEY_ENV}", self.api_key)
         return self
+
+    def _check_tenant_shares(self) -> None:
+        """Each tenant's share of the request slots: between 1 and the global bound, and at
+        most one share per tenant."""
+        whole = self.max_concurrent_requests
+        share = self.max_requests_per_tenant
+        if share is not None and not 0 < share <= whole:
+            raise ConfigError(
+                f"--max-requests-per-tenant: {share} must be between 1 and "
+                f"--max-concurrent-requests ({whole})"
+            )
+        seen: set[str] = set()
+        for tenant, count in self.tenant_requests:
+            if tenant in seen:
+                raise ConfigError(f"--tenant-requests: tenant {tenant!r} is given twice")
+            seen.add(tenant)
+            if not tenant or not tenant.isprintable() or "/" in tenant:
+                raise ConfigError(
+                    f"--tenant-requests: {tenant!r} is not a tenant name (a client-keys file "
+                    "name: printable, without '/')"
+                )
+            if not 0 < count <= whole:
+                raise ConfigError(
+                    f"--tenant-requests: {tenant}={count} must be between 1 and "
+                    f"--max-concurrent-requests ({whole})"
+                )
+
+
+def tenant_requests(values: list[str]) -> tuple[tuple[str, int], ...]:
+    """``TENANT=N`` option values as (tenant, N) pairs; raise ``ConfigError`` naming the flag
+    for a value of another form."""
+    pairs: list[tuple[str, int]] = []
+    for value in values:
+        tenant, sign, count = value.rpartition("=")
+        if not sign or not count.strip().isdigit():
+            raise ConfigError(
+                f"--tenant-requests: {value!r} is not TENANT=N (a tenant's name and the "
+                "number of requests it may have in flight, e.g. alice=64)"
+            )
+        pairs.append((tenant, int(count)))
+    return tuple(pairs)
 
 
 def check_key(source: str, key: str) -> None:

@@ -107,6 +107,19 @@ def overloaded(limit: int) -> RouterError:
     )
 
 
+def tenant_overloaded(share: int) -> RouterError:
+    """The 429 for a request beyond its tenant's share of the slots (``--max-requests-per-tenant``,
+    ``--tenant-requests``): the client's own tenant is at its bound, retry in a second."""
+    return RouterError(
+        429,
+        f"Your tenant is sending its limit of {share} requests at once "
+        "(--max-requests-per-tenant, --tenant-requests); retry shortly.",
+        error_type="rate_limit_exceeded",
+        code="tenant_overloaded",
+        headers={"Retry-After": "1"},
+    )
+
+
 def upstream_error(status: int, message: str, code: str) -> RouterError:
     """A 5xx caused by an engine or by the lack of a healthy one."""
     error_type = "service_unavailable" if status == 503 else "upstream_error"

@@ -15,7 +15,7 @@ from typing import Any
 
 from starlette.requests import Request
 
-from disagg_contract import KV_TRANSFER_PARAMS
+from disagg_contract import CACHE_SALT_KEY, KV_TRANSFER_PARAMS
 from disagg_router.conversation import MAX_CONVERSATION_ID_CHARS, SESSION_HEADER
 from disagg_router.errors import RouterError, bad_request
 
@@ -36,12 +36,15 @@ _CLOSE = {"Connection": "close"}
 
 @dataclass(frozen=True)
 class ClientRequest:
-    """A checked request; ``body`` is what the engines receive (router fields removed)."""
+    """A checked request; ``body`` is what the engines receive (router fields removed: the
+    conversation id, and the client's ``cache_salt``, which the router scopes under the
+    client's tenant)."""
 
     endpoint: Endpoint
     body: dict[str, Any]
     conversation_id: str | None
     stream: bool
+    cache_salt: str | None = None
 
 
 async def read_body(request: Request, max_bytes: int, timeout_s: float) -> bytes:
@@ -98,6 +101,9 @@ def parse_request(
             for name in ENGINE_ONLY_PARAMS:
                 carrier.pop(name, None)
     conversation_id = _conversation_id(body.pop("conversation_id", None), session_header)
+    cache_salt = body.pop(CACHE_SALT_KEY, None)
+    if cache_salt is not None and not (isinstance(cache_salt, str) and cache_salt):
+        raise bad_request(f"`{CACHE_SALT_KEY}` must be a non-empty string.", CACHE_SALT_KEY)
     _check_model(body.get("model"), known_models)
     if endpoint is Endpoint.CHAT:
         _check_messages(body.get("messages"))
@@ -116,7 +122,7 @@ def parse_request(
     n = body.get("n")
     if n is not None and n != 1:
         raise bad_request("`n` must be 1: disaggregated serving generates one choice.", "n")
-    return ClientRequest(endpoint, body, conversation_id, bool(stream))
+    return ClientRequest(endpoint, body, conversation_id, bool(stream), cache_salt)
 
 
 def _is_int(value: object) -> bool:

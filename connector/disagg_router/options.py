@@ -19,6 +19,7 @@ from disagg_router.config import (
     RouterConfig,
     StoreKind,
     check_url,
+    tenant_requests,
 )
 from disagg_router.tenants import API_KEY_TENANT
 
@@ -164,6 +165,25 @@ def add_router_arguments(parser: argparse.ArgumentParser) -> None:
         help="generation requests served at once, each from its headers to the end of its "
         "answer; more get 503 with Retry-After (default %(default)s)",
     )
+    limits.add_argument(
+        "--max-requests-per-tenant",
+        type=int,
+        default=None,
+        metavar="N",
+        help="of those, the most one tenant (the tenant of a client key; every client of a "
+        "router without keys is one tenant) may hold at once; its further requests get 429 "
+        "with Retry-After while other tenants are still served. Set it below "
+        "--max-concurrent-requests so that no tenant, slow bodies included, can take every "
+        "slot (default: --max-concurrent-requests)",
+    )
+    limits.add_argument(
+        "--tenant-requests",
+        action="append",
+        default=[],
+        metavar="TENANT=N",
+        help="one tenant's own bound in place of --max-requests-per-tenant, e.g. "
+        "--tenant-requests alice=256; repeat the flag for more tenants",
+    )
     limits.add_argument("--connect-timeout", type=float, default=d.connect_timeout_s)
     limits.add_argument("--prefill-timeout", type=float, default=d.prefill_timeout_s)
     limits.add_argument("--decode-timeout", type=float, default=d.decode_timeout_s)
@@ -211,6 +231,8 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
         max_body_bytes=args.max_body_bytes,
         body_timeout_s=args.body_timeout,
         max_concurrent_requests=args.max_concurrent_requests,
+        max_requests_per_tenant=args.max_requests_per_tenant,
+        tenant_requests=tenant_requests(args.tenant_requests),
         connect_timeout_s=args.connect_timeout,
         prefill_timeout_s=args.prefill_timeout,
         decode_timeout_s=args.decode_timeout,

@@ -6,6 +6,8 @@ D->P); decode gets the client's body with what prefill returned (decode reads pr
 blocks: P->D). Shapes follow vLLM's NIXL pull connector; extra keys an engine adds pass
 through untouched. Decode's own params are taken out of its answer before the client sees it.
 
+Both calls carry the tenant's ``cache_salt`` (``salts``) in place of any the client sent.
+
 Two fast paths keep this cheap per turn: the client's body is encoded once and each call
 appends only its own few members, and in a streamed answer only the event that carries
 params with a value is decoded (a null field is cut out as bytes).
@@ -16,7 +18,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from disagg_contract import KV_TRANSFER_PARAMS, RETAIN_KEY
+from disagg_contract import CACHE_SALT_KEY, KV_TRANSFER_PARAMS, RETAIN_KEY
 from disagg_router.conversation import TurnEntry
 
 KV_MARKER = f'"{KV_TRANSFER_PARAMS}"'.encode()
@@ -45,11 +47,14 @@ def json_object(content: bytes) -> dict[str, Any] | None:
 
 
 class EngineBodies:
-    """Prefill's and decode's bodies for one client body, which is encoded once."""
+    """Prefill's and decode's bodies for one client body, which is encoded once with
+    ``cache_salt`` (whatever salt the body had)."""
 
-    def __init__(self, body: dict[str, Any]) -> None:
+    def __init__(self, body: dict[str, Any], cache_salt: str) -> None:
         self._own = {k: v for k, v in body.items() if k in _PER_CALL and k != KV_TRANSFER_PARAMS}
-        self._shared = dumps({k: v for k, v in body.items() if k not in _PER_CALL})
+        shared = {k: v for k, v in body.items() if k not in _PER_CALL}
+        shared[CACHE_SALT_KEY] = cache_salt
+        self._shared = dumps(shared)
 
     def prefill(self, params: dict[str, Any]) -> bytes:
         """The client's body as a non-streamed one-token request carrying ``params``."""
@@ -64,10 +69,7 @@ class EngineBodies:
     def _extended(self, members: dict[str, Any]) -> bytes:
         if not members:
             return self._shared
-        tail = dumps(members)
-        if self._shared == b"{}":
-            return tail
-        return self._shared[:-1] + b"," + tail[1:]
+        return self._shared[:-1] + b"," + dumps(members)[1:]
 
 
 def prefill_params(entry: TurnEntry | None) -> dict[str, Any]:

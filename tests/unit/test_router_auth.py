@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from disagg_contract import ENGINE_KEY_FILE_ENV, ROUTER_API_KEY_ENV
-from disagg_router.auth import KeyGuard
+from disagg_router.auth import Client, KeyGuard
 from disagg_router.config import ConfigError, RouterConfig, engine_credential
 from disagg_router.options import add_router_arguments, config_from_args
 from disagg_router.tenants import TenantKeys
@@ -165,7 +165,7 @@ def test_guard_reads_only_the_authorization_header() -> None:
     def scope(path: str, *headers: tuple[bytes, bytes]) -> dict[str, object]:
         return {"type": "http", "path": path, "headers": list(headers)}
 
-    assert guard.scope_of(scope("/v1/models", (b"authorization", f"Bearer {KEY}".encode())))
-    assert guard.scope_of(scope("/v1/models", (b"x-api-key", KEY.encode()))) is None
-    assert guard.scope_of(scope("/v1/models")) is None
-    assert guard.scope_of(scope("/health")) == guard.scope_of(scope("/metrics")) == ""
+    assert guard.admit(scope("/v1/models", (b"authorization", f"Bearer {KEY}".encode())))
+    assert guard.admit(scope("/v1/models", (b"x-api-key", KEY.encode()))) is None
+    assert guard.admit(scope("/v1/models")) is None
+    assert guard.admit(scope("/health")) == guard.admit(scope("/metrics")) == Client("", "")

@@ -1,6 +1,8 @@
 """Hostile clients on loopback: a body sent too slowly is cut at the deadline, requests beyond
-the bound get a 503 with Retry-After, and a thousand idle connections leave the router serving.
-Raw sockets, as a client that does not play by HTTP's rules."""
+the bound get a 503 with Retry-After, one tenant's slow bodies never take another tenant's
+slots, a flood of requests prefill refuses evicts no conversation, and a thousand idle
+connections leave the router serving. Raw sockets, as a client that does not play by HTTP's
+rules."""
 
 from __future__ import annotations
 
@@ -11,21 +13,23 @@ import socket
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
+from pathlib import Path
 
 import httpx
 import pytest
 
 from engine_standin import MODEL
-from router_harness import RouterRig, metric, router_rig
+from router_harness import RouterRig, SecretVolume, metric, router_process, router_rig, start_engine
 
 BODY = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}).encode()
 BODY_TIMEOUT_S = 1.0
 
 
-def request_head(size: int, path: str = "/v1/chat/completions") -> bytes:
+def request_head(size: int, path: str = "/v1/chat/completions", key: str | None = None) -> bytes:
+    authorization = f"Authorization: Bearer {key}\r\n" if key is not None else ""
     return (
         f"POST {path} HTTP/1.1\r\nHost: router\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {size}\r\n\r\n"
+        f"{authorization}Content-Length: {size}\r\n\r\n"
     ).encode()
 
 
@@ -135,6 +139,107 @@ def test_requests_beyond_the_bound_get_503_with_retry_after(
     assert after == before + 1
     assert chat(client).status_code == 200, "slots come back once the slow bodies are cut"
     assert rig.routers[0].app.slots.in_flight == 0
+
+
+@contextmanager
+def slow_bodies(url: str, count: int, key: str | None) -> Iterator[list[socket.socket]]:
+    """``count`` requests with ``key`` whose bodies never finish (each holds its slot)."""
+    with ExitStack() as stack:
+        held = [stack.enter_context(connect(url)) for _ in range(count)]
+        for sock in held:
+            sock.sendall(request_head(len(BODY), key=key) + BODY[:5])
+        yield held
+
+
+def wait_in_flight(client: httpx.Client, count: int) -> None:
+    deadline = time.monotonic() + 10
+    while metric(client, "disagg_router_requests_in_flight") != count:
+        assert time.monotonic() < deadline, f"never {count} requests in flight"
+        time.sleep(0.05)
+
+
+def authorized(client: httpx.Client, key: str) -> httpx.Response:
+    return client.post(
+        "/v1/chat/completions", content=BODY, headers={"Authorization": f"Bearer {key}"}
+    )
+
+
+@pytest.fixture(scope="module")
+def engines() -> Iterator[list[str]]:
+    """One prefill and one decode stand-in, for routers run as processes."""
+    running = [start_engine("prefill", "p"), start_engine("decode", "d")]
+    try:
+        yield [engine.url for engine in running]
+    finally:
+        for engine in running:
+            engine.server.stop()
+
+
+def test_one_tenants_slow_bodies_never_get_another_tenant_a_503(
+    engines: list[str], tmp_path: Path
+) -> None:
+    keys = {"alice": "sk-alice-1", "bob": "sk-bob-2"}
+    folder = SecretVolume(tmp_path / "keys", keys).path
+    options = ["--client-keys-dir", str(folder), "--max-concurrent-requests", "5"]
+    options += ["--max-requests-per-tenant", "2", "--tenant-requests", "bob=3"]
+    with (
+        router_process([engines[0]], [engines[1]], *options) as router,
+        httpx.Client(base_url=router.url, timeout=10) as client,
+        slow_bodies(router.url, 2, keys["alice"]),
+    ):
+        wait_in_flight(client, 2)
+        refused = authorized(client, keys["alice"])
+        assert refused.status_code == 429, refused.text
+        assert refused.headers["Retry-After"] == "1"
+        error = refused.json()["error"]
+        assert (
+            error["code"] == "tenant_overloaded" and "--max-requests-per-tenant" in error["message"]
+        )
+        for _ in range(5):
+            assert authorized(client, keys["bob"]).status_code == 200
+        with slow_bodies(router.url, 3, keys["bob"]):
+            wait_in_flight(client, 5)
+            assert authorized(client, keys["bob"]).status_code == 503, "the global bound holds"
+        outcomes = {
+            outcome: metric(
+                client,
+                "disagg_router_requests_total",
+                endpoint="/v1/chat/completions",
+                outcome=outcome,
+            )
+            for outcome in ("tenant_overloaded", "overloaded", "success")
+        }
+        assert outcomes == {"tenant_overloaded": 1, "overloaded": 1, "success": 5}
+
+
+def test_without_keys_every_client_is_one_tenant(engines: list[str]) -> None:
+    options = ["--max-concurrent-requests", "4", "--max-requests-per-tenant", "1"]
+    with (
+        router_process([engines[0]], [engines[1]], *options) as router,
+        httpx.Client(base_url=router.url, timeout=10) as client,
+    ):
+        assert authorized(client, "label-a").status_code == 200
+        with slow_bodies(router.url, 1, "label-a"):
+            wait_in_flight(client, 1)
+            assert authorized(client, "label-b").status_code == 429
+            assert client.post("/v1/chat/completions", content=BODY).status_code == 429
+
+
+def test_a_flood_prefill_refuses_evicts_no_conversation() -> None:
+    with (
+        router_rig(prefills=1, decodes=1, max_conversations=2) as rig,
+        httpx.Client(base_url=rig.routers[0].url, timeout=10) as client,
+    ):
+        kept = json.loads(BODY) | {"conversation_id": "kept"}
+        assert client.post("/v1/chat/completions", json=kept).status_code == 200
+        rig.prefill[0].state.fail_statuses.extend([400] * 20)
+        for index in range(20):
+            fresh = kept | {"conversation_id": f"fresh-{index}"}
+            assert client.post("/v1/chat/completions", json=fresh).status_code == 400
+        assert len(rig.routers[0].app_state().store) == 1, "no refused turn was stored"
+        assert client.post("/v1/chat/completions", json=kept).status_code == 200
+        hits = metric(client, "disagg_router_conversation_lookups_total", result="hit")
+        assert hits == 1, "the kept conversation was neither evicted nor touched"
 
 
 @contextmanager

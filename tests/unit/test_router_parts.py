@@ -23,6 +23,7 @@ from disagg_contract import Role
 from disagg_router.config import ConfigError, DiscoveryKind, RouterConfig, require
 from disagg_router.conversation import TurnEntry
 from disagg_router.discovery.kubernetes import _SliceState, slice_endpoints
+from disagg_router.limits import RequestSlots
 from disagg_router.payloads import EngineBodies, prefill_params, routable, strip_from_events
 from disagg_router.replicas import ReplicaPool
 from disagg_router.routing import Affinity, Choice, ConversationAffinity, LeastOutstanding
@@ -56,6 +57,15 @@ def test_conversation_ttl_must_stay_below_decode_ttl_minus_margin() -> None:
         (RouterConfig(URLS, URLS, shutdown_timeout_s=0), "--shutdown-timeout"),
         (RouterConfig(URLS, URLS, log_format="xml"), "--log-format"),
         (RouterConfig(URLS, URLS, store="mongo"), "--store"),
+        (RouterConfig(URLS, URLS, max_requests_per_tenant=0), "--max-requests-per-tenant"),
+        (
+            RouterConfig(URLS, URLS, max_concurrent_requests=8, max_requests_per_tenant=9),
+            "--max-requests-per-tenant",
+        ),
+        (RouterConfig(URLS, URLS, tenant_requests=(("a", 0),)), "--tenant-requests"),
+        (RouterConfig(URLS, URLS, tenant_requests=(("a", 1), ("a", 2))), "--tenant-requests"),
+        (RouterConfig(URLS, URLS, tenant_requests=(("a/b", 1),)), "--tenant-requests"),
+        (RouterConfig(URLS, URLS, tenant_requests=(("", 1),)), "--tenant-requests"),
     ],
 )
 def test_invalid_settings_name_their_flag(config: RouterConfig, flag: str) -> None:
@@ -73,6 +83,36 @@ def test_cli_builds_a_validated_config_without_importing_the_server_stack() -> N
     assert config.prefill_urls == ("http://p:8100",) and config.store == "redis"
     with pytest.raises(ConfigError, match="--decode"):
         config_from_args(build_parser().parse_args(["router", "--prefill", "http://p:1"]))
+
+
+def test_tenant_shares_come_from_their_flags() -> None:
+    from disagg_router.options import config_from_args
+
+    base = ["router", "--prefill", "http://p:8100", "--decode", "http://d:8200"]
+    shares = ["--max-requests-per-tenant", "8", "--tenant-requests", "alice=32"]
+    args = build_parser().parse_args([*base, *shares, "--tenant-requests", "a=b=2"])
+    config = config_from_args(args)
+    assert config.max_requests_per_tenant == 8
+    assert config.tenant_requests == (("alice", 32), ("a=b", 2))
+    assert config_from_args(build_parser().parse_args(base)).max_requests_per_tenant is None
+    for bad in ("alice", "alice=", "alice=-3", "alice=x"):
+        args = build_parser().parse_args([*base, "--tenant-requests", bad])
+        with pytest.raises(ConfigError, match=r"--tenant-requests: .* is not TENANT=N"):
+            config_from_args(args)
+
+
+def test_request_slots_bound_each_tenant_under_the_whole() -> None:
+    slots = RequestSlots(5, 2, {"bob": 3})
+    assert [slots.take("alice") for _ in range(3)] == [True, True, False]
+    assert [slots.take("bob") for _ in range(4)] == [True, True, True, False]
+    assert slots.in_flight == 5 and not slots.take("carol"), "the whole is held"
+    slots.give_back("alice")
+    assert slots.take("carol") and not slots.take("carol")
+    for tenant in ("alice", "bob", "bob", "bob", "carol"):
+        slots.give_back(tenant)
+    assert slots.in_flight == 0
+    assert [slots.take("bob") for _ in range(4)] == [True, True, True, False], "all given back"
+    assert RequestSlots(3).share("anyone") == 3, "without a share, the whole"
 
 
 def test_building_the_cli_imports_no_server_dependency() -> None:
@@ -247,14 +287,15 @@ def test_strip_from_events_cuts_the_null_field_vllm_033_puts_on_every_chunk() ->
     ],
 )
 def test_engine_bodies_are_the_client_body_with_each_calls_members(body: dict[str, Any]) -> None:
-    bodies = EngineBodies(body)
+    bodies = EngineBodies({**body, "cache_salt": "as-sent"}, "tenant-salt")
     params = {"do_remote_decode": True}
     dropped = ("max_completion_tokens", "min_tokens", "stream_options")
-    prefill = {k: v for k, v in body.items() if k not in dropped}
+    salted = {**body, "cache_salt": "tenant-salt"}
+    prefill = {k: v for k, v in salted.items() if k not in dropped}
     prefill.update(stream=False, max_tokens=1, kv_transfer_params=params)
     assert json.loads(bodies.prefill(params)) == prefill
-    assert json.loads(bodies.decode(None)) == body
-    assert json.loads(bodies.decode(params)) == {**body, "kv_transfer_params": params}
+    assert json.loads(bodies.decode(None)) == salted
+    assert json.loads(bodies.decode(params)) == {**salted, "kv_transfer_params": params}
 
 
 Conditions = tuple[bool | None, bool | None, bool | None]

@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable, Iterator
 
 import pytest
 
-from disagg_router.auth import KeyGuard, OpenGuard
+from disagg_router.auth import OPEN_TENANT, Client, KeyGuard, OpenGuard
 from disagg_router.conversation import Lookup, TurnEntry, conversation_key
 from disagg_router.stores import ConversationStore
 from disagg_router.stores.memory_store import MemoryStore
@@ -53,8 +53,9 @@ def entry(seq: int, decode: str = "http://d0", ttl: float = 60.0) -> TurnEntry:
 def test_first_turn_misses_then_next_turn_hits_once(make_store: StoreFactory) -> None:
     async def scenario(store: ConversationStore) -> None:
         first = await store.begin_turn("k")
-        assert (first.seq, first.entry, first.lookup) == (1, None, Lookup.MISS)
-        assert await store.commit("k", entry(first.seq))
+        assert (first.seq, first.entry, first.lookup) == (0, None, Lookup.MISS)
+        assert await store.open_turn("k") == 1
+        assert await store.commit("k", entry(1))
         second = await store.begin_turn("k")
         assert second.lookup is Lookup.HIT and second.entry is not None
         assert second.entry.kv_transfer_params == entry(1).kv_transfer_params
@@ -69,8 +70,7 @@ def test_first_turn_misses_then_next_turn_hits_once(make_store: StoreFactory) ->
 
 def test_expired_entry_is_reported_and_not_reused(make_store: StoreFactory) -> None:
     async def scenario(store: ConversationStore) -> None:
-        start = await store.begin_turn("k")
-        assert await store.commit("k", entry(start.seq, ttl=-1))
+        assert await store.commit("k", entry(await store.open_turn("k"), ttl=-1))
         later = await store.begin_turn("k")
         assert (later.lookup, later.entry) == (Lookup.EXPIRED, None)
 
@@ -79,13 +79,14 @@ def test_expired_entry_is_reported_and_not_reused(make_store: StoreFactory) -> N
 
 def test_latest_started_turn_wins_whatever_the_finish_order(make_store: StoreFactory) -> None:
     async def scenario(store: ConversationStore) -> None:
-        older = await store.begin_turn("k")
-        newer = await store.begin_turn("k")
-        assert newer.seq == older.seq + 1
-        assert await store.commit("k", entry(newer.seq, "http://d1"))
-        assert not await store.commit("k", entry(older.seq, "http://d0"))
+        older = await store.open_turn("k")
+        newer = (await store.begin_turn("k")).seq
+        newest = await store.open_turn("k")
+        assert newest == newer + 1 == older + 2
+        assert await store.commit("k", entry(newer, "http://d1"))
+        assert not await store.commit("k", entry(older, "http://d0"))
         taken = await store.begin_turn("k")
-        assert taken.entry is not None and taken.entry.seq == newer.seq
+        assert taken.entry is not None and taken.entry.seq == newer
         assert taken.entry.decode_url == "http://d1"
 
     run(make_store, scenario)
@@ -121,11 +122,11 @@ def test_conversations_are_independent(make_store: StoreFactory) -> None:
 def test_drop_removes_only_the_entry_of_the_turn_named(make_store: StoreFactory) -> None:
     async def scenario(store: ConversationStore) -> None:
         assert not await store.drop("k", 1), "nothing to drop yet"
-        first = await store.begin_turn("k")
-        assert await store.commit("k", entry(first.seq))
+        first = await store.open_turn("k")
+        assert await store.commit("k", entry(first))
         second = await store.begin_turn("k")
         assert await store.commit("k", entry(second.seq, "http://d1"))
-        assert not await store.drop("k", first.seq), "a newer turn's entry stays"
+        assert not await store.drop("k", first), "a newer turn's entry stays"
         assert await store.drop("k", second.seq)
         after = await store.begin_turn("k")
         assert (after.lookup, after.entry) == (Lookup.MISS, None)
@@ -138,19 +139,49 @@ def test_drop_removes_only_the_entry_of_the_turn_named(make_store: StoreFactory)
 def test_forget_removes_the_conversation_and_returns_its_entry(make_store: StoreFactory) -> None:
     async def scenario(store: ConversationStore) -> None:
         assert await store.forget("k") == (False, None)
-        start = await store.begin_turn("k")
-        assert await store.forget("k") == (True, None), "known, with its entry taken"
-        start = await store.begin_turn("k")
-        assert await store.commit("k", entry(start.seq, "http://d1"))
+        await store.open_turn("k")
+        assert await store.forget("k") == (True, None), "known, without an entry"
+        seq = await store.open_turn("k")
+        assert await store.commit("k", entry(seq, "http://d1"))
         known, held = await store.forget("k")
         assert known and held is not None
-        assert held.kv_transfer_params == entry(start.seq).kv_transfer_params
+        assert held.kv_transfer_params == entry(seq).kv_transfer_params
         after = await store.begin_turn("k")
-        assert (after.seq, after.lookup, after.previous_decode) == (1, Lookup.MISS, None)
+        assert (after.seq, after.lookup, after.previous_decode) == (0, Lookup.MISS, None)
+        assert await store.open_turn("k") == 1, "numbering starts afresh"
         await store.forget("k")
         assert await store.forget("k") == (False, None)
 
     run(make_store, scenario)
+
+
+def test_a_conversation_is_stored_only_once_its_turn_is_opened(make_store: StoreFactory) -> None:
+    async def scenario(store: ConversationStore) -> None:
+        assert await store.commit("kept", entry(1, "http://d1"))
+        for index in range(50):
+            start = await store.begin_turn(f"refused-{index}")
+            assert (start.seq, start.entry, start.lookup) == (0, None, Lookup.MISS)
+            assert start.previous_decode is None
+        assert await store.forget("refused-0") == (False, None), "a turn that began stored nothing"
+        kept = await store.begin_turn("kept")
+        assert kept.entry is not None and kept.entry.decode_url == "http://d1"
+
+    run(make_store, scenario)
+
+
+def test_turns_that_only_began_evict_nothing_from_a_full_memory_store() -> None:
+    async def scenario() -> None:
+        evicted: list[str] = []
+        store = MemoryStore(max_conversations=2, on_evict=evicted.append)
+        await store.commit("a", entry(1))
+        await store.commit("b", entry(1))
+        for index in range(100):
+            assert (await store.begin_turn(f"fresh-{index}")).seq == 0
+        assert len(store) == 2 and evicted == []
+        assert await store.open_turn("fresh-0") == 1
+        assert evicted == ["a"], "an opened turn takes room as any conversation does"
+
+    asyncio.run(scenario())
 
 
 def test_memory_store_is_bounded_least_recently_used_first() -> None:
@@ -163,6 +194,8 @@ def test_memory_store_is_bounded_least_recently_used_first() -> None:
         await store.commit("c", entry(1))
         assert len(store) == 2 and evicted == ["b"]
         assert (await store.begin_turn("b")).lookup is Lookup.MISS, "b was least recently used"
+        assert len(store) == 2 and evicted == ["b"], "a turn that only began stores nothing"
+        await store.open_turn("b")
         assert len(store) == 2 and evicted == ["b", "a"]
         await store.forget("c")
         assert evicted == ["b", "a"], "a conversation forgotten is not evicted"
@@ -181,11 +214,12 @@ def test_conversation_key_is_scoped_by_tenant_or_open_token() -> None:
         return {"type": "http", "path": path, "headers": headers}
 
     keyed = KeyGuard(TenantKeys(None, "sk-1", refresh_s=5.0))
-    assert keyed.scope_of(scope(b"Bearer  sk-1 ")) == "tenant:default"
-    assert keyed.scope_of(scope(b"Basic sk-1")) is None
-    assert keyed.scope_of(scope(None, "/health")) == ""
+    assert keyed.admit(scope(b"Bearer  sk-1 ")) == Client("default", "tenant:default")
+    assert keyed.admit(scope(b"Basic sk-1")) is None
+    assert keyed.admit(scope(None, "/health")) == Client(OPEN_TENANT, "")
     open_guard = OpenGuard()
-    assert open_guard.scope_of(scope(b"Bearer sk-1")) == "token:sk-1"
-    assert open_guard.scope_of(scope(b"Basic abc")) == open_guard.scope_of(scope(None)) == ""
+    assert open_guard.admit(scope(b"Bearer sk-1")) == Client(OPEN_TENANT, "token:sk-1")
+    assert open_guard.admit(scope(b"Basic abc")) == open_guard.admit(scope(None))
+    assert open_guard.admit(scope(None)) == Client(OPEN_TENANT, "")
     assert conversation_key("c", "tenant:a") != conversation_key("c", "tenant:b")
     assert conversation_key("c", "") != conversation_key("d", "")

@@ -14,8 +14,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from disagg_contract import CACHE_SALT_KEY
 from disagg_router.app import create_app
 from disagg_router.config import ConfigError, RouterConfig
+from disagg_router.salts import CacheSalts
 from disagg_router.tenants import API_KEY_TENANT, TenantKeys, read_client_keys
 from engine_standin import MODEL
 from router_harness import RouterRig, SecretVolume, metric, router_rig
@@ -104,6 +106,65 @@ def test_engines_get_the_engine_key_never_a_client_key(
     sent = {auth for e in tenants.prefill + tenants.decode for _, auth in e.state.authorizations}
     assert sent == {f"Bearer {ENGINE_KEY}"}
     assert turn(client, ENGINE_KEY).status_code == 401, "the engine key is no client key"
+
+
+def salts_sent(tenants: RouterRig, since: int = 0) -> list[tuple[str, str]]:
+    """(prefill, decode) ``cache_salt`` of each turn since the ``since``-th, in order."""
+    prefill = [body[CACHE_SALT_KEY] for body in tenants.prefill[0].state.received[since:]]
+    decode = [body[CACHE_SALT_KEY] for body in tenants.decode[0].state.received[since:]]
+    assert len(prefill) == len(decode)
+    return list(zip(prefill, decode, strict=True))
+
+
+def test_each_tenant_has_its_own_cache_salt_on_both_engine_bodies(
+    tenants: RouterRig, client: httpx.Client
+) -> None:
+    for key in (KEYS["alice"], KEYS["bob"], KEYS["alice"]):
+        assert turn(client, key, conversation="salted").status_code == 200
+    (alice_p, alice_d), (bob_p, bob_d), (again_p, again_d) = salts_sent(tenants)
+    assert alice_p == alice_d == again_p == again_d, "one tenant, one salt, on every body"
+    assert bob_p == bob_d != alice_p, "the same prompt of two tenants is salted apart"
+    salts = CacheSalts(ENGINE_KEY)
+    assert (alice_p, bob_p) == (salts.salt("alice", None), salts.salt("bob", None))
+
+
+def test_a_clients_own_cache_salt_is_scoped_under_its_tenant(
+    tenants: RouterRig, client: httpx.Client
+) -> None:
+    bob_salt = CacheSalts(ENGINE_KEY).salt("bob", None)
+    before = len(tenants.prefill[0].state.received)
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hello"}]}
+    answers = [
+        client.post(
+            "/v1/chat/completions",
+            json={**body, CACHE_SALT_KEY: salt},
+            headers={"Authorization": f"Bearer {KEYS['alice']}"},
+        )
+        for salt in (bob_salt, "mine", "mine")
+    ]
+    assert [answer.status_code for answer in answers] == [200, 200, 200]
+    (posed, posed_d), (mine, mine_d), (again, _) = salts_sent(tenants, before)
+    assert posed == posed_d and mine == mine_d == again
+    assert len({posed, mine, bob_salt, CacheSalts(ENGINE_KEY).salt("alice", None)}) == 4
+    assert all(bob_salt not in answer.text and mine not in answer.text for answer in answers)
+    refused = client.post(
+        "/v1/chat/completions",
+        json={**body, CACHE_SALT_KEY: ""},
+        headers={"Authorization": f"Bearer {KEYS['alice']}"},
+    )
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == CACHE_SALT_KEY
+
+
+def test_cache_salts_never_collide_across_tenants_and_client_salts() -> None:
+    keyed, other_key, keyless = CacheSalts("k1"), CacheSalts("k2"), CacheSalts(None)
+    bob = keyed.salt("bob", None)
+    pairs = [("bob", None), ("bo", "b"), ("bob", ""), ("alice", bob), ("alice", None)]
+    pairs += [('alice", "x', None), ("alice", "x"), ("", None), ("", "bob")]
+    derived = [keyed.salt(tenant, salt) for tenant, salt in pairs]
+    assert len(set(derived)) == len(pairs), "distinct (tenant, client salt) pairs salt apart"
+    assert keyed.salt("bob", None) == bob, "stable"
+    assert other_key.salt("bob", None) != bob != keyless.salt("bob", None)
+    assert len(bob) == 64 and bob.isalnum()
 
 
 def test_a_key_removed_from_the_secret_is_refused_without_a_restart(

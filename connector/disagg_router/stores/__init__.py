@@ -5,7 +5,10 @@ Semantics shared by every store (so several router replicas behave as one):
 * ``begin_turn`` numbers the turn (per-conversation sequence) and *takes* the stored entry:
   decode frees retained blocks once prefill has read them, so one entry serves one turn.
   Concurrent turns of a conversation therefore resolve deterministically: the first to start
-  reuses the KV, the others recompute.
+  reuses the KV, the others recompute. A conversation the store does not hold is left as it
+  is (not stored, the turn not numbered: sequence 0).
+* ``open_turn`` numbers such a turn once prefill accepted it, storing the conversation: a
+  request prefill refuses never takes room in the store, nor evicts another conversation.
 * ``commit`` stores a successful turn's entry only if no later-started turn committed first
   (highest sequence wins, whatever order the turns finish in).
 * ``restore`` puts an entry back when its turn failed before prefill could read the blocks,
@@ -28,7 +31,12 @@ class ConversationStore(Protocol):
     """Per-conversation state behind the router."""
 
     async def begin_turn(self, key: str) -> TurnStart:
-        """Number a new turn and take the conversation's entry, if any."""
+        """Number a new turn and take the conversation's entry, if any; sequence 0 (nothing
+        stored) for a conversation the store does not hold."""
+        ...
+
+    async def open_turn(self, key: str) -> int:
+        """Number a turn that began with sequence 0, storing its conversation."""
         ...
 
     async def commit(self, key: str, entry: TurnEntry) -> bool:

@@ -50,8 +50,12 @@ class MemoryStore:
         return conv
 
     async def begin_turn(self, key: str) -> TurnStart:
-        """Number a new turn and take the conversation's entry, if any."""
-        conv = self._touch(key)
+        """Number a new turn and take the conversation's entry, if any; sequence 0 (nothing
+        stored) for a conversation the store does not hold."""
+        conv = self._items.get(key)
+        if conv is None:
+            return TurnStart(0, None, Lookup.MISS, None)
+        self._items.move_to_end(key)
         conv.seq += 1
         raw, conv.entry = conv.entry, None
         if raw is None:
@@ -60,6 +64,13 @@ class MemoryStore:
         if entry.expired():
             return TurnStart(conv.seq, None, Lookup.EXPIRED, conv.decode_url)
         return TurnStart(conv.seq, entry, Lookup.HIT, conv.decode_url)
+
+    async def open_turn(self, key: str) -> int:
+        """Number a turn that began with sequence 0, storing its conversation (which may evict
+        the least recently used one)."""
+        conv = self._touch(key)
+        conv.seq += 1
+        return conv.seq
 
     async def commit(self, key: str, entry: TurnEntry) -> bool:
         """Store ``entry`` unless a later-started turn already committed."""

@@ -19,11 +19,18 @@ import redis.asyncio as aioredis
 from disagg_router.conversation import Lookup, TurnEntry, TurnStart
 
 _BEGIN = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return {0} end
 local seq = redis.call('HINCRBY', KEYS[1], 'seq', 1)
 local entry = redis.call('HGET', KEYS[1], 'entry')
 if entry then redis.call('HDEL', KEYS[1], 'entry') end
 redis.call('EXPIRE', KEYS[1], ARGV[1])
 return {seq, entry, redis.call('HGET', KEYS[1], 'decode')}
+"""
+
+_OPEN = """
+local seq = redis.call('HINCRBY', KEYS[1], 'seq', 1)
+redis.call('EXPIRE', KEYS[1], ARGV[1])
+return seq
 """
 
 _COMMIT = """
@@ -69,6 +76,7 @@ class RedisStore:
         self._prefix = prefix
         self._keep_s = max(1, math.ceil(2 * ttl_s))
         self._begin = self._redis.register_script(_BEGIN)
+        self._open = self._redis.register_script(_OPEN)
         self._commit = self._redis.register_script(_COMMIT)
         self._restore = self._redis.register_script(_RESTORE)
         self._drop = self._redis.register_script(_DROP)
@@ -86,7 +94,8 @@ class RedisStore:
             ) from None
 
     async def begin_turn(self, key: str) -> TurnStart:
-        """Number a new turn and take the conversation's entry, if any."""
+        """Number a new turn and take the conversation's entry, if any; sequence 0 (nothing
+        stored) for a conversation Redis does not hold."""
         async with self._deadline():
             reply = await self._begin(keys=[self._prefix + key], args=[self._keep_s])
         seq = int(reply[0])
@@ -98,6 +107,11 @@ class RedisStore:
         if entry.expired():
             return TurnStart(seq, None, Lookup.EXPIRED, decode)
         return TurnStart(seq, entry, Lookup.HIT, decode)
+
+    async def open_turn(self, key: str) -> int:
+        """Number a turn that began with sequence 0, storing its conversation."""
+        async with self._deadline():
+            return int(await self._open(keys=[self._prefix + key], args=[self._keep_s]))
 
     async def commit(self, key: str, entry: TurnEntry) -> bool:
         """Store ``entry`` unless a later-started turn already committed."""
