@@ -25,11 +25,13 @@ from disagg_connector.retention import Grant
 CLAIM_DEADLINE_S = 0.25
 """Longest a request waits for decode's answer to its claim before it recomputes instead."""
 CLAIM_WORKERS = 8
-"""Threads that send claims; a decode that hangs holds at most the ones it had when it did."""
+"""Threads that send claims; each gives up at the deadline too, so a decode that hangs holds
+a thread no longer than the request it was sent for waits."""
 
 Answer = Grant | str
 """Decode's grant, or why no grant came (a refusal, an error or no answer in time)."""
-ClaimFunction = Callable[[ClaimTarget, str, str | None], Answer]
+ClaimFunction = Callable[[ClaimTarget, str, str | None, float], Answer]
+"""Sends one claim (target, claimant, credential, seconds it may take): :func:`claim`."""
 
 
 @dataclass
@@ -83,7 +85,9 @@ class ClaimDesk:
                 )
                 return
             peer.out.add(key)
-        claim.future = self._pool.submit(self._send, target, claimant, self._credential)
+        claim.future = self._pool.submit(
+            self._send, target, claimant, self._credential, self.deadline_s
+        )
         claim.future.add_done_callback(lambda done: self._answered(peer_key, key, done))
 
     def answer(self, key: str) -> Answer | None:

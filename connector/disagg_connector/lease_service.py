@@ -313,15 +313,22 @@ class ClaimTarget:
     offer_id: str
 
 
-def claim(target: ClaimTarget, claimant: str, credential: str | None) -> Grant | str:
+def claim(
+    target: ClaimTarget,
+    claimant: str,
+    credential: str | None,
+    timeout_s: float = LEASE_CALL_TIMEOUT_S,
+) -> Grant | str:
     """Ask decode for the read of a retention: its grant, or why no answer came.
 
-    Takes at most LEASE_CALL_TIMEOUT_S, connecting included; a later answer counts as none.
+    Takes at most ``timeout_s`` (at most LEASE_CALL_TIMEOUT_S), connecting included; a later
+    answer counts as none.
     That is no longer than the trust window of the shortest hold decode grants (a contract
     invariant, tested), so a grant this returns still leaves its read time to start.
     """
     call = ClaimCall(request=target.request_id, offer=target.offer_id, claimant=claimant)
-    document = _post(target, LEASE_CLAIM_PATH, json.dumps(call), credential)
+    timeout_s = min(timeout_s, LEASE_CALL_TIMEOUT_S)
+    document = _post(target, LEASE_CLAIM_PATH, json.dumps(call), credential, timeout_s)
     if isinstance(document, str):
         return document
     reply = _claim_reply(document)
@@ -335,14 +342,16 @@ def claim(target: ClaimTarget, claimant: str, credential: str | None) -> Grant |
         return f"decode refused for an unknown reason {reply['reason']!r}"
 
 
-def _post(target: ClaimTarget, path: str, body: str, credential: str | None) -> object:
-    """POST ``body`` to decode's lease service: its decoded JSON reply within
-    LEASE_CALL_TIMEOUT_S, or (a string) why none came."""
-    deadline = time.monotonic() + LEASE_CALL_TIMEOUT_S
+def _post(
+    target: ClaimTarget, path: str, body: str, credential: str | None, timeout_s: float
+) -> object:
+    """POST ``body`` to decode's lease service: its decoded JSON reply within ``timeout_s``,
+    or (a string) why none came."""
+    deadline = time.monotonic() + timeout_s
     headers = {"Content-Type": "application/json"}
     if credential:
         headers["Authorization"] = f"Bearer {credential}"
-    connection = http.client.HTTPConnection(target.host, target.port, timeout=LEASE_CALL_TIMEOUT_S)
+    connection = http.client.HTTPConnection(target.host, target.port, timeout=timeout_s)
     try:
         connection.connect()
         connection.sock.settimeout(max(deadline - time.monotonic(), 0.001))
@@ -350,7 +359,7 @@ def _post(target: ClaimTarget, path: str, body: str, credential: str | None) -> 
         response = connection.getresponse()
         text = response.read(MAX_BODY_BYTES)
         if time.monotonic() > deadline:
-            raise TimeoutError(f"answered after {LEASE_CALL_TIMEOUT_S}s")
+            raise TimeoutError(f"answered after {timeout_s}s")
         if response.status != HTTPStatus.OK:
             return f"decode answered {response.status}"
         document: object = json.loads(text)

@@ -80,7 +80,7 @@ class Retainer:
     def _count_call(self, path: str, result: dict[str, Any]) -> None:
         """Count decode's answer to a claim, and wake an idle wait on a release.
 
-        Called on the lease service's threads (a deque's append is atomic).
+        Called on the lease service's thread (a deque's append is atomic).
         """
         if path == LEASE_CLAIM_PATH:
             self._claim_answers.append(GRANTED if result["granted"] else str(result["reason"]))
