@@ -5,9 +5,10 @@ Before prefill reads decode's retained blocks (D->P) it claims them on decode's 
 threads, and the scheduler only looks at the answer: a request whose claim is still out waits
 in vLLM's queue (the connector answers "not yet" for it) while every other request is
 scheduled as usual. A claim unanswered after :data:`CLAIM_DEADLINE_S` counts as refused, so
-the request recomputes; and a decode that left a claim unanswered that long is stalled: its
-next claims are refused at once, without a thread, until one of its claims is answered. A
-decode that hangs thus costs only the requests that wanted its KV, each at most the deadline.
+the request recomputes; and a decode that left a claim unanswered that long is stalled: while
+a claim to it is out, its other claims are refused at once, without a thread, and the next
+claim after that probes it again. A decode that hangs thus costs only the requests that wanted
+its KV, each at most the deadline, and holds at most one thread.
 Pure logic, no vLLM.
 """
 
@@ -71,14 +72,15 @@ class ClaimDesk:
         self._peers: dict[tuple[str, int], _Peer] = {}
 
     def ask(self, key: str, target: ClaimTarget, claimant: str) -> None:
-        """Send a claim for ``key`` (replacing any earlier one), unless its decode is stalled."""
+        """Send a claim for ``key`` (replacing any earlier one), unless its decode is stalled
+        and already has a claim out."""
         peer_key = (target.host, target.port)
         with self._lock:
             self._forget(key)
             claim = _Claim(target, self._clock())
             self._claims[key] = claim
             peer = self._peers.setdefault(peer_key, _Peer())
-            if peer.stalled:
+            if peer.stalled and peer.out:
                 claim.answer = (
                     f"decode {target.host}:{target.port} left a claim unanswered for "
                     f"{self.deadline_s * 1000:.0f} ms; not asked until it answers again"
@@ -124,7 +126,7 @@ class ClaimDesk:
             self._forget(key)
 
     def stalled(self) -> list[str]:
-        """The decodes (``host:port``) whose claims are refused until one is answered."""
+        """The decodes (``host:port``) left a claim unanswered and not answered one since."""
         with self._lock:
             return [f"{host}:{port}" for (host, port), peer in self._peers.items() if peer.stalled]
 
@@ -133,11 +135,15 @@ class ClaimDesk:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     def _answered(self, peer_key: tuple[str, int], key: str, done: Future[Answer]) -> None:
-        """A claim's thread ended: a grant or refusal from decode clears its stall."""
-        answered = not done.cancelled() and isinstance(done.result(), Grant)
+        """A claim's thread ended: a grant or refusal from decode clears its stall, no answer
+        sets it."""
+        if done.cancelled():
+            answered = not self._peers[peer_key].stalled
+        else:
+            answered = isinstance(done.result(), Grant)
         with self._lock:
             peer = self._peers[peer_key]
-            peer.stalled = peer.stalled and not answered
+            peer.stalled = not answered
             peer.out.discard(key)
             if not peer.out and not peer.stalled:
                 del self._peers[peer_key]

@@ -175,18 +175,25 @@ def test_a_frozen_decode_costs_only_its_own_requests_each_at_most_the_deadline(
     answer, waited = gate_until_answered(read, "frozen-turn", frozen, 16)
     assert answer == 0 and 0.25 <= waited < 1.0
     assert "remote_block_ids" not in frozen, "a refused claim strips the offer: a recompute"
-    # The stalled decode is not asked again until it answers: refused without a wait.
-    again = decode.offer("turn-1b", HISTORY, **{LEASE_KEY: {"port": frozen_port, "term_s": 30.0}})
-    read.arrive(view("frozen-turn-2", [*HISTORY, 2]), again)
-    answer, waited = gate_until_answered(read, "frozen-turn-2", again, 16)
+    # Stalled: one claim probes it, every other one meanwhile is refused without a wait.
+    offers = [
+        decode.offer(f"turn-1{tag}", HISTORY, **{LEASE_KEY: {"port": frozen_port, "term_s": 30.0}})
+        for tag in "bc"
+    ]
+    read.arrive(view("probe-turn", [*HISTORY, 2]), offers[0])
+    read.arrive(view("frozen-turn-2", [*HISTORY, 3]), offers[1])
+    answer, waited = gate_until_answered(read, "frozen-turn-2", offers[1], 16)
     assert answer == 0 and waited < 0.05
+    assert read.desk is not None and read.desk.stalled() == [f"127.0.0.1:{frozen_port}"]
+    assert gate_until_answered(read, "probe-turn", offers[0], 16)[0] == 0
     # A healthy decode's offers still read.
     healthy = decode.offer("turn-9", HISTORY)
     read.arrive(view("healthy-turn", [*HISTORY, 3]), healthy)
     assert gate_until_answered(read, "healthy-turn", healthy, 16)[0] == 16
     read.finished("frozen-turn", aborted=False)
-    read.finished("frozen-turn-2", aborted=False)
-    assert recorder.verdicts == [(D2P, Verdict.UNCLAIMED), (D2P, Verdict.UNCLAIMED)]
+    for request_id in ("frozen-turn-2", "probe-turn"):
+        read.finished(request_id, aborted=False)
+    assert recorder.verdicts == [(D2P, Verdict.UNCLAIMED)] * 3
 
 
 def test_a_replay_to_a_restarted_reader_is_refused_by_decodes_claim(decode: Decode) -> None:
