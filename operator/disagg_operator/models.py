@@ -163,7 +163,7 @@ class ImageSpec(ApiModel):
     """A container image."""
 
     repository: NonEmptyText = Field(
-        description="Image repository, e.g. ghcr.io/acme/disagg-vllm. The serving image must "
+        description="Image repository, e.g. ghcr.io/acme/disagg-serving. The serving image must "
         "hold vLLM, NIXL and the disagg packages."
     )
     tag: Annotated[str, StringConstraints(min_length=1, max_length=128)] = Field(

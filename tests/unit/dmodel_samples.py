@@ -39,7 +39,7 @@ def minimal_spec() -> dict[str, Any]:
     """The smallest valid spec: a model and an image."""
     return {
         "model": {"name": "Qwen/Qwen3-0.6B"},
-        "image": {"repository": "ghcr.io/acme/disagg-vllm", "tag": "1.0"},
+        "image": {"repository": "ghcr.io/acme/disagg-serving", "tag": "1.0"},
     }
 
 

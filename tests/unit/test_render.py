@@ -316,7 +316,7 @@ def test_image_fields() -> None:
             objects(patch)[f"Deployment/{NAME}-router"]["spec"]["template"]["spec"],
         ),
     ):
-        assert main["image"] == "ghcr.io/acme/disagg-vllm:2.0"
+        assert main["image"] == "ghcr.io/acme/disagg-serving:2.0"
         assert main["imagePullPolicy"] == "Always"
         assert spec["imagePullSecrets"] == [{"name": "regcred"}]
 
@@ -331,7 +331,7 @@ def test_a_refusal_at_start_up_shows_in_the_pod_status() -> None:
 def test_router_image_overrides_serving_image_for_the_router_only() -> None:
     patch = {"router": {"image": {"repository": "ghcr.io/acme/router", "tag": "3"}}}
     assert router_container(patch)["image"] == "ghcr.io/acme/router:3"
-    assert container(patch, "decode")["image"] == "ghcr.io/acme/disagg-vllm:1.0"
+    assert container(patch, "decode")["image"] == "ghcr.io/acme/disagg-serving:1.0"
 
 
 # ---- roles -----------------------------------------------------------------------------
