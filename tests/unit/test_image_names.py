@@ -7,8 +7,8 @@ import re
 import subprocess
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-DOCKERFILES = ("operator/Dockerfile", "connector/router.Dockerfile", "connector/Dockerfile")
+from image_names import DOCKERFILES, IMAGES, ROOT, stages, title
+
 RETIRED = ("disagg-vllm",)
 """Names the serving image no longer goes by."""
 LOCAL_ONLY = {"disagg-base", "disagg-pause"}
@@ -17,21 +17,6 @@ Dockerfiles build on and the pod sandbox; no Dockerfile of the project's."""
 REFERENCE = re.compile(r"\b(?:ghcr\.io/[\w.-]+|localhost)/(disagg-[a-z0-9]+(?:-[a-z0-9]+)*)")
 CPU_FLAVOR = "-cpu"
 """The local build's suffix for the CPU flavor of an image (or of one of its stages)."""
-
-
-def _title(dockerfile: str) -> str:
-    text = (ROOT / dockerfile).read_text()
-    match = re.search(r'org\.opencontainers\.image\.title="([^"]+)"', text)
-    assert match, f"{dockerfile} has no org.opencontainers.image.title label"
-    return match.group(1)
-
-
-def _stages(dockerfile: str) -> set[str]:
-    text = (ROOT / dockerfile).read_text()
-    return set(re.findall(r"^FROM \S+ AS (\S+)$", text, flags=re.MULTILINE))
-
-
-IMAGES = {_title(dockerfile): dockerfile for dockerfile in DOCKERFILES}
 
 
 def _tracked_text() -> dict[str, str]:
@@ -60,7 +45,7 @@ def _known(name: str) -> bool:
     if base in IMAGES or name in LOCAL_ONLY:
         return True
     return any(
-        base.startswith(f"{image}-") and base[len(image) + 1 :] in _stages(dockerfile)
+        base.startswith(f"{image}-") and base[len(image) + 1 :] in stages(dockerfile)
         for image, dockerfile in IMAGES.items()
     )
 
@@ -95,4 +80,4 @@ def test_the_local_build_names_each_dockerfile_by_its_title() -> None:
     calls = re.findall(r"image_tag ([a-z-]+) (\S+Dockerfile)", script)
     assert sorted(dockerfile for _, dockerfile in calls) == sorted(DOCKERFILES)
     for name, dockerfile in calls:
-        assert f"disagg-{name}".removesuffix(CPU_FLAVOR) == _title(dockerfile), dockerfile
+        assert f"disagg-{name}".removesuffix(CPU_FLAVOR) == title(dockerfile), dockerfile
