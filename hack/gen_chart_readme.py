@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from generated import add_mode_arguments, print_write_or_check
+from generated import add_mode_arguments, print_write_or_check, value_constraints
 
 CHART = Path(__file__).resolve().parents[1] / "charts" / "disagg-operator"
 README_PATH = CHART / "README.md"
@@ -35,13 +35,7 @@ def _type_name(schema: Schema) -> str:
 
 
 def _constraints(schema: Schema) -> str:
-    parts = []
-    if "enum" in schema:
-        parts.append("one of " + ", ".join(f"`{json.dumps(value)}`" for value in schema["enum"]))
-    if "minimum" in schema and "maximum" in schema:
-        parts.append(f"{schema['minimum']}..{schema['maximum']}")
-    elif "minimum" in schema:
-        parts.append(f">= {schema['minimum']}")
+    parts = value_constraints(schema)
     if "minLength" in schema:
         parts.append(f"length >= {schema['minLength']}")
     if "maxLength" in schema:

@@ -44,7 +44,7 @@ def test_every_schema_value_has_a_row_with_its_default() -> None:
         assert f"| `{key}` |" in text, key
     for row in (
         "| `replicaCount` | integer | `1` | 0..10 |",
-        '| `image.pullPolicy` | string | `"IfNotPresent"` | one of `"Always"`, `"IfNotPresent"`',
+        '| `image.pullPolicy` | string | `"IfNotPresent"` | one of `Always`, `IfNotPresent`,',
         "| `watch.namespaces` | []string | `[]` | unique items |",
     ):
         assert row in text
