@@ -22,6 +22,7 @@ venv: $(BIN)/.installed
 ## ---- Quality -------------------------------------------------------------
 # lint: ruff, then mypy --strict on each image's package, the tools package and hack/.
 # crds: the generators in hack/ rewrite crds/ and the README's configuration reference.
+# chart-readme: the chart's README from its values.schema.json, values.yaml and Chart.yaml.
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -30,6 +31,10 @@ lint: venv
 crds: venv
 	$(BIN)/python hack/gen_crd.py --write
 	$(BIN)/python hack/gen_reference.py --write
+
+.PHONY: chart-readme
+chart-readme: venv
+	$(BIN)/python hack/gen_chart_readme.py --write
 
 ## ---- Tests -----------------------------------------------------------------
 test-unit: venv

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 
 def add_mode_arguments(parser: argparse.ArgumentParser, path: Path) -> None:
@@ -26,3 +27,15 @@ def print_write_or_check(text: str, path: Path, args: argparse.Namespace, make_t
     else:
         sys.stdout.write(text)
     return 0
+
+
+def value_constraints(schema: dict[str, Any]) -> list[str]:
+    """A JSON schema's allowed values in words: its enum and its numeric range."""
+    parts = []
+    if "enum" in schema:
+        parts.append("one of " + ", ".join(f"`{value}`" for value in schema["enum"]))
+    if "minimum" in schema and "maximum" in schema:
+        parts.append(f"{schema['minimum']}..{schema['maximum']}")
+    elif "minimum" in schema:
+        parts.append(f">= {schema['minimum']}")
+    return parts

@@ -12,8 +12,9 @@ from enum import StrEnum
 from typing import Any
 
 from disagg_operator.drift import differences
+from disagg_operator.models import RESERVED_ANNOTATION_PREFIX
 
-APPLIED_HASH_ANNOTATION = "disagg.dev/applied-hash"
+APPLIED_HASH_ANNOTATION = f"{RESERVED_ANNOTATION_PREFIX}applied-hash"
 """On every child: the hash of the manifest last applied (a spec change shows as a new hash)."""
 
 Manifest = dict[str, Any]

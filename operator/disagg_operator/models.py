@@ -109,6 +109,10 @@ API_KEY_FIX = MANAGED_VLLM_FLAGS["--api-key"]
 """Why the engines' API key is not set per role (in `extraArgs` or `env`)."""
 
 RESERVED_LABEL_PREFIX = "app.kubernetes.io/"
+RESERVED_ANNOTATION_PREFIX = f"{GROUP}/"
+"""Where the operator's own annotations live (applied hash, config hash, kopf's progress)."""
+LB_SOURCE_RANGES_ANNOTATION = "service.beta.kubernetes.io/load-balancer-source-ranges"
+"""Kubernetes' older spelling of a Service's loadBalancerSourceRanges."""
 
 _DECIMAL = r"(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
 QUANTITY_PATTERN = rf"^{_DECIMAL}(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?{_DECIMAL}))?$"
@@ -159,7 +163,7 @@ class ImageSpec(ApiModel):
     """A container image."""
 
     repository: NonEmptyText = Field(
-        description="Image repository, e.g. ghcr.io/acme/disagg-vllm. The serving image must "
+        description="Image repository, e.g. ghcr.io/acme/disagg-serving. The serving image must "
         "hold vLLM, NIXL and the disagg packages."
     )
     tag: Annotated[str, StringConstraints(min_length=1, max_length=128)] = Field(
@@ -884,6 +888,51 @@ class RedisSpec(ApiModel):
     )
 
 
+class RouterServiceSpec(ApiModel):
+    """What the router Service carries beyond its type and port: annotations for a load
+    balancer controller and the client ranges a load balancer admits."""
+
+    rules = (
+        CrossFieldRule(
+            field="annotations",
+            message=f"must not set {RESERVED_ANNOTATION_PREFIX} annotations: the operator owns "
+            "them (it stamps each child with the hash it applied)",
+            cel="!has(self.annotations) || "
+            f"self.annotations.all(k, !k.startsWith('{RESERVED_ANNOTATION_PREFIX}'))",
+            check=lambda m: (
+                not any(key.startswith(RESERVED_ANNOTATION_PREFIX) for key in m.annotations)
+            ),
+        ),
+        CrossFieldRule(
+            field="annotations",
+            message=f"must not set {LB_SOURCE_RANGES_ANNOTATION}: set "
+            "spec.router.service.loadBalancerSourceRanges instead",
+            cel=f"!has(self.annotations) || !('{LB_SOURCE_RANGES_ANNOTATION}' in self.annotations)",
+            check=lambda m: LB_SOURCE_RANGES_ANNOTATION not in m.annotations,
+        ),
+    )
+
+    annotations: dict[LabelKey, Annotated[str, StringConstraints(max_length=4096)]] = Field(
+        default_factory=dict,
+        max_length=64,
+        description="Annotations of the router Service, e.g. a load balancer controller's "
+        "(service.beta.kubernetes.io/aws-load-balancer-scheme: internal). The operator repairs "
+        f"them when edited on the Service; {RESERVED_ANNOTATION_PREFIX} keys are its own. "
+        "Default: none.",
+    )
+    load_balancer_source_ranges: list[Cidr] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Client address ranges (CIDRs, e.g. 10.0.0.0/8) a LoadBalancer router "
+        "Service admits; needs serviceType LoadBalancer. Default: none, the load balancer "
+        "admits every address. The router's NetworkPolicy (allowedFrom) applies as well.",
+    )
+
+
+def _source_ranges_fit(router: RouterSpec) -> bool:
+    return not router.service.load_balancer_source_ranges or router.service_type == "LoadBalancer"
+
+
 class RouterSpec(ApiModel):
     """The KV-cache-aware router in front of prefill and decode."""
 
@@ -895,12 +944,25 @@ class RouterSpec(ApiModel):
             cel="!has(self.replicas) || self.replicas <= 1 || has(self.redis)",
             check=lambda m: m.replicas <= 1 or m.redis is not None,
         ),
+        CrossFieldRule(
+            field="service.loadBalancerSourceRanges",
+            message="needs spec.router.serviceType: LoadBalancer (Kubernetes takes source "
+            "ranges on a LoadBalancer Service only)",
+            cel="!has(self.service) || !has(self.service.loadBalancerSourceRanges) || "
+            "size(self.service.loadBalancerSourceRanges) == 0 || "
+            "(has(self.serviceType) && self.serviceType == 'LoadBalancer')",
+            check=_source_ranges_fit,
+        ),
     )
 
     replicas: Annotated[int, Field(ge=0, le=64)] = Field(1, description="Router replicas.")
     image: ImageSpec | None = Field(None, description="Router image. Defaults to spec.image.")
     port: Port = Field(ROUTER_PORT, description="Port of the router Service and container.")
     service_type: ServiceType = Field("ClusterIP", description="Type of the router Service.")
+    service: RouterServiceSpec = Field(
+        default_factory=RouterServiceSpec,
+        description="Annotations and load balancer source ranges of the router Service.",
+    )
     conversation_ttl_seconds: Annotated[int, Field(ge=1, le=86400)] | None = Field(
         None,
         description="How long the router keeps a conversation's KV metadata. Defaults to "

@@ -7,12 +7,17 @@ from enum import StrEnum
 
 from disagg_contract import Role
 from disagg_operator.errors import SpecError
-from disagg_operator.models import MAX_NAME_LENGTH, NAME_PATTERN, RESERVED_LABEL_PREFIX
+from disagg_operator.models import (
+    MAX_NAME_LENGTH,
+    NAME_PATTERN,
+    RESERVED_ANNOTATION_PREFIX,
+    RESERVED_LABEL_PREFIX,
+)
 
 APP_NAME = "disagg"
 MANAGED_BY = "disagg-operator"
 LABEL_PREFIX = RESERVED_LABEL_PREFIX
-CONFIG_HASH_ANNOTATION = "disagg.dev/connector-config-hash"
+CONFIG_HASH_ANNOTATION = f"{RESERVED_ANNOTATION_PREFIX}connector-config-hash"
 
 
 class Component(StrEnum):

@@ -776,6 +776,8 @@ def _router(name: str, namespace: str, spec: DisaggregatedModelSpec) -> list[Man
             selector=selector_labels(name, Component.ROUTER),
             port=router.port,
             service_type=router.service_type,
+            annotations=router.service.annotations,
+            source_ranges=router.service.load_balancer_source_ranges,
         ),
         _disruption_budget(name, namespace, Component.ROUTER),
         _network_policy(name, namespace, Component.ROUTER, _router_ingress(spec)),

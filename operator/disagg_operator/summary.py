@@ -26,19 +26,32 @@ def _flag(command: list[str], flag: str) -> str:
     return command[command.index(flag) + 1] if flag in command else "-"
 
 
-def _statefulset(manifest: Manifest) -> str:
-    container = _container(manifest)
+def _engine(replicas: int, template: Manifest) -> list[str]:
+    """The facts of one engine pod template: role, parallelism, devices, caching, config."""
+    container = template["spec"]["containers"][0]
     command, limits = container["command"], container["resources"]["limits"]
     caching = "off" if "--no-enable-prefix-caching" in command else "on"
-    facts = [
-        f"replicas={manifest['spec']['replicas']}",
+    return [
+        f"replicas={replicas}",
         f"role={_flag(command, '--role')}",
         f"tp={_flag(command, '--tensor-parallel-size')}",
         f"gpus={limits.get('nvidia.com/gpu', 0)}",
         f"efa={limits.get('vpc.amazonaws.com/efa', 0)}",
         f"prefixCaching={caching}",
-        f"configHash={manifest['spec']['template']['metadata']['annotations'][CONFIG_HASH_ANNOTATION]}",
+        f"configHash={template['metadata']['annotations'][CONFIG_HASH_ANNOTATION]}",
     ]
+
+
+def _statefulset(manifest: Manifest) -> str:
+    return " ".join(_engine(manifest["spec"]["replicas"], manifest["spec"]["template"]))
+
+
+def _leader_worker_set(manifest: Manifest) -> str:
+    """A multi-node engine: its groups, the pods per group, and the leader pod's facts."""
+    spec = manifest["spec"]
+    group = spec["leaderWorkerTemplate"]
+    facts = _engine(spec["replicas"], group["leaderTemplate"])
+    facts.insert(1, f"nodesPerReplica={group['size']}")
     return " ".join(facts)
 
 
@@ -94,15 +107,18 @@ def _port(port: dict[str, Any]) -> str:
 
 
 def _network_policy(manifest: Manifest) -> str:
+    """Each ingress rule as `peers->ports`; a rule without `ports` admits every port."""
     rules = []
     for rule in manifest["spec"]["ingress"]:
         who = "+".join(_peer(peer) for peer in rule.get("from", [])) or "anyone"
-        rules.append(f"{who}->{','.join(_port(port) for port in rule['ports'])}")
+        ports = ",".join(_port(port) for port in rule.get("ports", [])) or "all"
+        rules.append(f"{who}->{ports}")
     return "ingress " + " ".join(rules)
 
 
 _FACTS: dict[str, Callable[[Manifest], str]] = {
     "StatefulSet": _statefulset,
+    "LeaderWorkerSet": _leader_worker_set,
     "Deployment": _deployment,
     "PodDisruptionBudget": _disruption_budget,
     "NetworkPolicy": _network_policy,

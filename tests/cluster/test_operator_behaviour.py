@@ -1,7 +1,8 @@
 """What users expect of an operator, each checked on the real control plane with the real
-operator process: no writes in steady state, drift repair, config rollouts that touch only what
-changed, per-role scaling, node drains that evict one pod per component at a time,
-Degraded-then-recovered on a missing Secret, and invalid objects that never reach the operator.
+operator process: no writes in steady state, drift repair (the router Service's annotations
+and source ranges too), config rollouts that touch only what changed, per-role scaling, node
+drains that evict one pod per component at a time, Degraded-then-recovered on a missing Secret,
+and invalid objects that never reach the operator.
 """
 
 from __future__ import annotations
@@ -187,6 +188,59 @@ def test_drift_is_repaired(
         metrics, passes
     )
     assert total(metrics, "disagg_operator_api_errors_total") == 0
+
+
+SCHEME = "service.beta.kubernetes.io/aws-load-balancer-scheme"
+TEAM = "example.com/team"
+
+
+def test_router_service_annotations_and_source_ranges_are_applied_and_repaired(
+    kubectl: kube.Kubectl,
+    namespace: str,
+    start_operator: StartOperator,  # noqa: F811
+) -> None:
+    start_operator()
+    router = {
+        "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}},
+        "serviceType": "LoadBalancer",
+        "service": {
+            "annotations": {SCHEME: "internal", TEAM: "serving"},
+            "loadBalancerSourceRanges": ["10.0.0.0/8", "fd00::/8"],
+        },
+    }
+    _ready_model(kubectl, namespace, router=router)
+    ns = ("-n", namespace)
+    service = f"{NAME}-router"
+
+    def exposed() -> bool:
+        live = _get(kubectl, namespace, "service", service)
+        annotations = live["metadata"].get("annotations", {})
+        return (
+            annotations.get(SCHEME) == "internal"
+            and annotations.get(TEAM) == "serving"
+            and live["spec"].get("loadBalancerSourceRanges") == ["10.0.0.0/8", "fd00::/8"]
+        )
+
+    assert exposed(), _get(kubectl, namespace, "service", service)
+
+    # Hand edits: one annotation changed, one removed, the ranges opened to everyone.
+    kubectl(*ns, "annotate", "service", service, f"{SCHEME}=internet-facing", "--overwrite")
+    kubectl(*ns, "annotate", "service", service, f"{TEAM}-")
+    kubectl(*ns, "patch", "service", service, "--type=merge",
+            "-p", json.dumps({"spec": {"loadBalancerSourceRanges": ["0.0.0.0/0"]}}))  # fmt: skip
+    kube.wait_for(exposed, what="the router Service's hand edits undone", timeout_s=60)
+    repairs = " ".join(e["message"] for e in _events(kubectl, namespace, "DriftRepaired"))
+    assert f"Service {service}" in repairs, repairs
+
+    # An annotation dropped from the spec leaves the Service; the other stays.
+    _patch_spec(kubectl, namespace, {"router": {"service": {"annotations": {TEAM: None}}}})
+
+    def dropped() -> bool:
+        annotations = _get(kubectl, namespace, "service", service)["metadata"]["annotations"]
+        return TEAM not in annotations and annotations.get(SCHEME) == "internal"
+
+    kube.wait_for(dropped, what=f"{TEAM} removed from the router Service", timeout_s=60)
+    wait_ready(kubectl, namespace, NAME)
 
 
 def _rolled_out(kubectl: kube.Kubectl, namespace: str, role: str, hash_: str) -> bool:

@@ -39,7 +39,7 @@ def minimal_spec() -> dict[str, Any]:
     """The smallest valid spec: a model and an image."""
     return {
         "model": {"name": "Qwen/Qwen3-0.6B"},
-        "image": {"repository": "ghcr.io/acme/disagg-vllm", "tag": "1.0"},
+        "image": {"repository": "ghcr.io/acme/disagg-serving", "tag": "1.0"},
     }
 
 
@@ -592,6 +592,46 @@ INVALID_SPECS = [
             }
         },
         "spec.router.allowedFrom[0].podSelector.matchExpressions[0].operator",
+    ),
+    InvalidSpec(
+        "router-service-annotation-in-the-operators-domain",
+        {"router": {"service": {"annotations": {"disagg.dev/applied-hash": "0"}}}},
+        "spec.router.service.annotations",
+        cross_field=True,
+        says="the operator owns them",
+    ),
+    InvalidSpec(
+        "router-service-source-ranges-as-annotation",
+        {
+            "router": {
+                "serviceType": "LoadBalancer",
+                "service": {
+                    "annotations": {
+                        "service.beta.kubernetes.io/load-balancer-source-ranges": "10.0.0.0/8"
+                    }
+                },
+            }
+        },
+        "spec.router.service.annotations",
+        cross_field=True,
+        says="set spec.router.service.loadBalancerSourceRanges instead",
+    ),
+    InvalidSpec(
+        "router-source-ranges-without-load-balancer",
+        {"router": {"service": {"loadBalancerSourceRanges": ["10.0.0.0/8"]}}},
+        "spec.router.service.loadBalancerSourceRanges",
+        cross_field=True,
+        says="needs spec.router.serviceType: LoadBalancer",
+    ),
+    InvalidSpec(
+        "router-source-range-not-a-cidr",
+        {
+            "router": {
+                "serviceType": "LoadBalancer",
+                "service": {"loadBalancerSourceRanges": ["10.0.0.0"]},
+            }
+        },
+        "spec.router.service.loadBalancerSourceRanges[0]",
     ),
     InvalidSpec(
         "auth-secret-without-name",

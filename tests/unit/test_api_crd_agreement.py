@@ -66,6 +66,29 @@ def _role() -> st.SearchStrategy[dict[str, Any]]:
     )
 
 
+def _router_service() -> st.SearchStrategy[dict[str, Any]]:
+    return st.fixed_dictionaries(
+        {},
+        optional={
+            "annotations": st.dictionaries(
+                st.sampled_from(
+                    [
+                        "service.beta.kubernetes.io/aws-load-balancer-scheme",
+                        "service.beta.kubernetes.io/load-balancer-source-ranges",
+                        "disagg.dev/applied-hash",
+                        "example.com/disagg.dev/x",
+                    ]
+                ),
+                st.just("x"),
+                max_size=2,
+            ),
+            "loadBalancerSourceRanges": st.lists(
+                st.sampled_from(["10.0.0.0/8", "fd00::/8", "10.0.0.0"]), max_size=2
+            ),
+        },
+    )
+
+
 SPEC_PATCHES = st.fixed_dictionaries(
     {},
     optional={
@@ -97,7 +120,11 @@ SPEC_PATCHES = st.fixed_dictionaries(
         ),
         "router": st.fixed_dictionaries(
             {},
-            optional={"conversationTtlSeconds": st.sampled_from([0, 1, 54, 55, 94, 95, 474, 475])},
+            optional={
+                "conversationTtlSeconds": st.sampled_from([0, 1, 54, 55, 94, 95, 474, 475]),
+                "serviceType": st.sampled_from(["ClusterIP", "LoadBalancer"]),
+                "service": _router_service(),
+            },
         ),
         "efa": st.fixed_dictionaries({}, optional={"enabled": st.booleans()}),
     },

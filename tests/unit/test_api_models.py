@@ -115,6 +115,8 @@ def test_catalogue_is_large_and_covers_every_cross_field_rule() -> None:
         "spec.decode.autoscaling.signal",
         "spec.decode.autoscaling.prometheusAddress",
         "spec.decode.autoscaling.metricName",
+        "spec.router.service.annotations",
+        "spec.router.service.loadBalancerSourceRanges",
     } <= blamed
 
 

@@ -203,6 +203,16 @@ def test_cel_rule_refuses_what_the_model_validator_refuses(case: InvalidSpec) ->
         {"decode": {"extraArgs": ADMITTED_MANAGED_SPELLINGS}},
         {"auth": {"apiKeySecret": {"name": "api-key"}}},
         {"model": {"cache": {"hostPath": {"path": "/data"}}}},
+        {
+            "router": {
+                "serviceType": "LoadBalancer",
+                "service": {
+                    "annotations": {"example.com/disagg.dev/x": "y", "disagg.dev": "z"},
+                    "loadBalancerSourceRanges": ["10.0.0.0/8", "fd00::/8"],
+                },
+            }
+        },
+        {"router": {"service": {"loadBalancerSourceRanges": []}}},
     ],
 )
 def test_cel_and_models_accept_the_edge_of_each_rule(patch: dict[str, Any]) -> None:

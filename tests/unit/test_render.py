@@ -316,7 +316,7 @@ def test_image_fields() -> None:
             objects(patch)[f"Deployment/{NAME}-router"]["spec"]["template"]["spec"],
         ),
     ):
-        assert main["image"] == "ghcr.io/acme/disagg-vllm:2.0"
+        assert main["image"] == "ghcr.io/acme/disagg-serving:2.0"
         assert main["imagePullPolicy"] == "Always"
         assert spec["imagePullSecrets"] == [{"name": "regcred"}]
 
@@ -331,7 +331,7 @@ def test_a_refusal_at_start_up_shows_in_the_pod_status() -> None:
 def test_router_image_overrides_serving_image_for_the_router_only() -> None:
     patch = {"router": {"image": {"repository": "ghcr.io/acme/router", "tag": "3"}}}
     assert router_container(patch)["image"] == "ghcr.io/acme/router:3"
-    assert container(patch, "decode")["image"] == "ghcr.io/acme/disagg-vllm:1.0"
+    assert container(patch, "decode")["image"] == "ghcr.io/acme/disagg-serving:1.0"
 
 
 # ---- roles -----------------------------------------------------------------------------
@@ -568,6 +568,62 @@ def test_router_service_and_replicas() -> None:
     service = manifests[f"Service/{NAME}-router"]["spec"]
     assert service["type"] == "LoadBalancer"
     assert service["ports"] == [{"name": "http", "port": 9000, "targetPort": "http"}]
+
+
+EXPOSED_ROUTER = {
+    "router": {
+        "serviceType": "LoadBalancer",
+        "service": {
+            "annotations": {"service.beta.kubernetes.io/aws-load-balancer-scheme": "internal"},
+            "loadBalancerSourceRanges": ["10.0.0.0/8", "fd00::/8"],
+        },
+    }
+}
+
+
+def test_router_service_carries_annotations_and_source_ranges() -> None:
+    service = objects(EXPOSED_ROUTER)[f"Service/{NAME}-router"]
+    assert service["metadata"]["annotations"] == {
+        "service.beta.kubernetes.io/aws-load-balancer-scheme": "internal"
+    }
+    assert service["spec"]["loadBalancerSourceRanges"] == ["10.0.0.0/8", "fd00::/8"]
+    _validate_all([service])
+
+
+def test_router_service_without_either_sets_neither() -> None:
+    service = objects()[f"Service/{NAME}-router"]
+    assert "annotations" not in service["metadata"]
+    assert "loadBalancerSourceRanges" not in service["spec"]
+
+
+def test_router_service_exposure_leaves_the_other_children_untouched() -> None:
+    before, after = objects(), objects(EXPOSED_ROUTER)
+    changed = sorted(key for key in before if before[key] != after[key])
+    assert changed == [f"Service/{NAME}-router"]
+
+
+@pytest.mark.parametrize(
+    ("service", "says"),
+    [
+        ({"annotations": {"disagg.dev/applied-hash": "0"}}, "the operator owns them"),
+        (
+            {
+                "annotations": {
+                    "service.beta.kubernetes.io/load-balancer-source-ranges": "1.2.3.4/32"
+                }
+            },
+            "set spec.router.service.loadBalancerSourceRanges instead",
+        ),
+        ({"loadBalancerSourceRanges": ["10.0.0.0/33"]}, "must be an IPv4 or IPv6 CIDR"),
+    ],
+)
+def test_router_service_collisions_are_refused_before_rendering(
+    service: dict[str, Any], says: str
+) -> None:
+    patch = {"router": {"serviceType": "LoadBalancer", "service": service}}
+    with pytest.raises(SpecError, match=r"spec\.router\.service\.") as caught:
+        objects(patch)
+    assert says in str(caught.value)
 
 
 def test_router_without_redis_keeps_conversations_in_memory() -> None:

@@ -12,6 +12,8 @@ import pytest
 import yaml
 
 from disagg.cli import main
+from disagg_operator.loading import load_file
+from disagg_operator.render import render
 from dmodel_samples import EXAMPLES, REPO, minimal_spec, resource, spec_with
 
 
@@ -49,6 +51,39 @@ def test_summary_has_one_line_per_object(capsys: pytest.CaptureFixture[str]) -> 
     (config,) = [line for line in lines if line.startswith("ConfigMap")]
     assert "decode.json: kv_consumer bidir=true ttl=480s leaseTerm=45s" in config
     assert "prefill.json: kv_producer bidir=true ttl=480s backends" in config
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda path: path.name)
+def test_summary_describes_every_object_of_every_example(
+    path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    manifests = [
+        manifest
+        for resource in load_file(str(path))
+        for manifest in render(resource.metadata.name, resource.metadata.namespace, resource.spec)
+    ]
+    assert main(["render", "-f", str(path), "--summary"]) == 0
+    rows = [line.split(maxsplit=2) for line in capsys.readouterr().out.splitlines()[1:]]
+    assert [row[:2] for row in rows] == [
+        [m["kind"], f"{m['metadata']['namespace']}/{m['metadata']['name']}"] for m in manifests
+    ]
+    described = {"StatefulSet", "LeaderWorkerSet", "Deployment", "NetworkPolicy", "Service"}
+    assert all(len(row) == 3 for row in rows if row[0] in described)
+    for row, manifest in zip(rows, manifests, strict=True):
+        if row[0] == "NetworkPolicy":
+            assert len(row[2].split()) == 1 + len(manifest["spec"]["ingress"])
+
+
+def test_summary_of_a_multi_node_example_names_groups_and_open_rules(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["render", "-f", str(REPO / "examples/kimi-k2-2node-p5en.yaml"), "--summary"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    rows = {tuple(line.split(maxsplit=2)[:2]): line for line in lines}
+    prefill = rows["LeaderWorkerSet", "inference/kimi-k2-prefill"]
+    assert "replicas=1 nodesPerReplica=2 role=prefill tp=16 gpus=8 efa=16" in prefill
+    policy = rows["NetworkPolicy", "inference/kimi-k2-prefill"]
+    assert policy.endswith("ingress router->8000 decode->5600 prefill->all")
 
 
 def test_several_documents_render_together(

