@@ -67,7 +67,7 @@ class ClaimDesk:
         self.deadline_s = deadline_s
         self._clock = clock
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="disagg-claim")
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # cancelling a claim runs its callback at once
         self._claims: dict[str, _Claim] = {}
         self._peers: dict[tuple[str, int], _Peer] = {}
 
@@ -137,13 +137,12 @@ class ClaimDesk:
     def _answered(self, peer_key: tuple[str, int], key: str, done: Future[Answer]) -> None:
         """A claim's thread ended: a grant or refusal from decode clears its stall, no answer
         sets it."""
-        if done.cancelled():
-            answered = not self._peers[peer_key].stalled
-        else:
-            answered = isinstance(done.result(), Grant)
         with self._lock:
-            peer = self._peers[peer_key]
-            peer.stalled = not answered
+            peer = self._peers.get(peer_key)
+            if peer is None:
+                return
+            if not done.cancelled():
+                peer.stalled = not isinstance(done.result(), Grant)
             peer.out.discard(key)
             if not peer.out and not peer.stalled:
                 del self._peers[peer_key]

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from disagg_connector.claims import ClaimDesk
-from disagg_connector.lease_service import LeaseService, claim
+from disagg_connector.lease_service import ClaimTarget, LeaseService, claim
 from disagg_connector.offer import MIN_KEY_CHARS, OfferKeys, OfferSigner, model_identity
 from disagg_connector.offer_form import Direction
 from disagg_connector.prefix_digest import NO_INPUTS, PromptInputs, TokenDigest
@@ -298,3 +298,17 @@ def test_malformed_params_are_refused_without_raising() -> None:
     read.arrive(view("r2", [1, 2, 3]), params)
     assert "remote_block_ids" not in params
     assert recorder.verdicts == [(D2P, Verdict.MALFORMED), (D2P, Verdict.MALFORMED)]
+
+
+def test_dropping_a_claim_still_out_never_blocks(frozen_port: int) -> None:
+    """A request that finishes while its claim is out drops it at once (vLLM's thread)."""
+    desk = ClaimDesk(None, claim, deadline_s=0.3, workers=1)
+    target = ClaimTarget("127.0.0.1", frozen_port, "turn-1", "o" * 16)
+    desk.ask("busy", target, "prefill-a:busy")
+    desk.ask("queued", target, "prefill-a:queued")  # waits for the one thread: cancellable
+    started = time.perf_counter()
+    desk.drop("queued")
+    desk.drop("busy")
+    assert time.perf_counter() - started < 0.05
+    assert desk.answer("queued") == "no claim was sent"
+    desk.close()
