@@ -236,7 +236,7 @@ def test_a_replayed_honest_offer_is_refused_after_decode_reused_its_blocks(
     refused(prefill, history, as_sent_to_prefill(offer), recompute, "replayed")
 
 
-def test_an_offer_past_its_expiry_is_refused(
+def test_an_offer_past_its_expiry_is_refused_by_decodes_claim(
     rig: Rig, short_ttl_decode: EngineServer, tok: PreTrainedTokenizerBase
 ) -> None:
     prefill = rig.on.prefill
@@ -247,4 +247,4 @@ def test_an_offer_past_its_expiry_is_refused(
     time.sleep(max(0.0, offer[OFFER_KEY]["exp"] - time.time()))
     history = [*victim_prompt(tok, 201), *first.token_ids, *tok.encode(user_text(202, 40))]
     recompute = ask_prefill(prefill, history, prefill_params(None))
-    refused(prefill, history, as_sent_to_prefill(offer), recompute, "expired")
+    refused(prefill, history, as_sent_to_prefill(offer), recompute, "unclaimed")
