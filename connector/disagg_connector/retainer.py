@@ -29,6 +29,9 @@ logger = logging.getLogger(f"vllm.{__name__}")
 
 GRANTED = "granted"
 """The ``outcome`` of a granted claim (the others are :class:`ClaimRefusal` values)."""
+LEASE_CLOSE_REASONS = ("deadline", "bound")
+"""Why decode's lease port closed a connection: its call was not done within the call timeout,
+or it came while the port held its most connections."""
 
 
 class RetentionRecorder(Protocol):
@@ -39,6 +42,8 @@ class RetentionRecorder(Protocol):
     def record_claim(self, outcome: str) -> None: ...
 
     def record_retained(self, requests: int, blocks: int) -> None: ...
+
+    def record_lease_connections_closed(self, reason: str, count: int) -> None: ...
 
 
 class Retainer:
@@ -61,6 +66,7 @@ class Retainer:
         self._released_for_shutdown = False
         self._claim_answers: collections.deque[str] = collections.deque()
         self._retained_seen = (0, 0)
+        self._closed_seen = (0, 0)
 
     def serve(self, host: str, port: int, credential: str | None) -> None:
         """Start the lease service on ``host:port``."""
@@ -146,9 +152,19 @@ class Retainer:
         self.table.release_all(FreeReason.SHUTDOWN)
 
     def report(self, recorder: RetentionRecorder) -> None:
-        """Count the claims answered and the retentions held since the last report."""
+        """Count the claims answered, the lease port's connections closed at a limit and the
+        retentions held since the last report."""
         while self._claim_answers:
             recorder.record_claim(self._claim_answers.popleft())
+        if self.service is not None:
+            stats = self.service.connection_stats()
+            closed = (stats.closed_on_deadline, stats.refused_at_bound)
+            for reason, now, before in zip(
+                LEASE_CLOSE_REASONS, closed, self._closed_seen, strict=True
+            ):
+                if now > before:
+                    recorder.record_lease_connections_closed(reason, now - before)
+            self._closed_seen = closed
         retained = (len(self.table), self.table.held_blocks())
         if retained != self._retained_seen:
             self._retained_seen = retained

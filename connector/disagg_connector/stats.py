@@ -26,7 +26,7 @@ from vllm.v1.metrics.utils import create_metric_per_engine
 
 from disagg_connector.offer_form import Direction
 from disagg_connector.read_cost import Choice, Estimates
-from disagg_connector.retainer import GRANTED
+from disagg_connector.retainer import GRANTED, LEASE_CLOSE_REASONS
 from disagg_connector.retention import ClaimRefusal, FreeReason
 from disagg_connector.reuse_plan import Verdict
 
@@ -38,6 +38,7 @@ CLAIM_ANSWERS = "disagg_claim_answers"
 RETAINED = "disagg_retained"
 READ_DECISIONS = "disagg_read_decisions"
 COST_ESTIMATES = "disagg_cost_estimates"
+LEASE_CONNECTIONS_CLOSED = "disagg_lease_connections_closed"
 _REUSE_KEYS = (
     REUSED_TOKENS,
     REJECTED_TOKENS,
@@ -47,6 +48,7 @@ _REUSE_KEYS = (
     RETAINED,
     READ_DECISIONS,
     COST_ESTIMATES,
+    LEASE_CONNECTIONS_CLOSED,
 )
 ESTIMATE_NAMES = ("read_fixed_seconds", "read_tokens_per_second", "compute_tokens_per_second")
 """The ``estimate`` labels of prefill's cost estimates, in :class:`Estimates` field order."""
@@ -81,6 +83,10 @@ class DisaggKVConnectorStats(NixlKVConnectorStats):
     def record_retained(self, requests: int, blocks: int) -> None:
         """Record what decode's retentions hold now (the last record wins)."""
         self.data[RETAINED].append([requests, blocks])
+
+    def record_lease_connections_closed(self, reason: str, count: int) -> None:
+        """Record ``count`` connections the lease port closed for ``reason`` (a limit)."""
+        self.data[LEASE_CONNECTIONS_CLOSED].extend([reason] * count)
 
     def record_decision(self, choice: Choice) -> None:
         """Record one measured read-or-recompute decision of prefill."""
@@ -117,6 +123,9 @@ class DisaggKVConnectorStats(NixlKVConnectorStats):
             reduced[f"Claims {label}"] = self.data[CLAIM_ANSWERS].count(label)
         if self.data.get(RETAINED):
             reduced["Retained requests"], reduced["Retained blocks"] = self.data[RETAINED][-1]
+        for label in sorted(set(self.data.get(LEASE_CONNECTIONS_CLOSED, []))):
+            count = self.data[LEASE_CONNECTIONS_CLOSED].count(label)
+            reduced[f"Lease connections closed ({label})"] = count
         for label in sorted(set(self.data.get(READ_DECISIONS, []))):
             reduced[f"Read decisions ({label})"] = self.data[READ_DECISIONS].count(label)
         if self.data.get(COST_ESTIMATES):
@@ -200,6 +209,12 @@ class DisaggPromMetrics(NixlPromMetrics):
             )
             for name in ("requests", "blocks")
         }
+        lease_closed = self._counter_cls(
+            name="vllm:disagg_lease_connections_closed",
+            documentation="Connections decode's lease port closed at a limit: the call not done "
+            "within its timeout (deadline) or the port at its most connections (bound).",
+            labelnames=[*labelnames, "reason"],
+        )
         decisions = self._counter_cls(
             name="vllm:disagg_kv_read_decisions",
             documentation="Prefill's measured read-or-recompute decisions on decode's verified "
@@ -226,6 +241,10 @@ class DisaggPromMetrics(NixlPromMetrics):
                 },
                 **{f"{RETAINED}:{name}": gauge.labels(*values) for name, gauge in retained.items()},
                 **{
+                    f"{LEASE_CONNECTIONS_CLOSED}:{reason}": lease_closed.labels(*values, reason)
+                    for reason in LEASE_CLOSE_REASONS
+                },
+                **{
                     f"{READ_DECISIONS}:{choice.value}": decisions.labels(*values, choice.value)
                     for choice in Choice
                 },
@@ -241,7 +260,7 @@ class DisaggPromMetrics(NixlPromMetrics):
     def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:
         super().observe(transfer_stats_data, engine_idx)
         retention = self.retention_series[engine_idx]
-        for key in (RETENTION_FREES, CLAIM_ANSWERS, READ_DECISIONS):
+        for key in (RETENTION_FREES, CLAIM_ANSWERS, READ_DECISIONS, LEASE_CONNECTIONS_CLOSED):
             for label in transfer_stats_data.get(key, ()):
                 if (counter := retention.get(f"{key}:{label}")) is not None:
                     counter.inc()

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import socket
 from dataclasses import dataclass, field
 
 from disagg_connector.lease_service import ClaimTarget, claim
 from disagg_connector.retainer import GRANTED, Retainer
 from disagg_connector.retention import FreeReason, RetentionTable
+from disagg_contract import LEASE_CALL_TIMEOUT_S
 
 BLOCK = 4
 
@@ -27,6 +29,9 @@ class Recorder:
 
     def record_retained(self, requests: int, blocks: int) -> None:
         self.retained.append((requests, blocks))
+
+    def record_lease_connections_closed(self, reason: str, count: int) -> None:
+        """Checked in the test of the port's limits."""
 
 
 class Clock:
@@ -106,3 +111,29 @@ def test_vllm_freeing_a_read_retention_counts_it_read() -> None:
     recorder = Recorder()
     kept.freed(["turn", "never-retained"], recorder)
     assert recorder.frees == [FreeReason.READ]
+
+
+def test_lease_connections_closed_at_a_limit_are_reported_once() -> None:
+    """A connection that never sends its call is closed at the deadline and counted."""
+    kept = retainer()
+    kept.serve("127.0.0.1", 0, None)
+    recorder = ClosedRecorder()
+    try:
+        port = kept.lease_key()["port"]
+        with socket.create_connection(("127.0.0.1", port)) as stalled:
+            stalled.sendall(b"POST /disagg/v1/leases/claim HTTP/1.1\r\n")
+            stalled.settimeout(LEASE_CALL_TIMEOUT_S + 3)
+            assert stalled.recv(1) == b"", "the port closes the stalled connection"
+        kept.report(recorder)
+        kept.report(recorder)
+    finally:
+        kept.stop()
+    assert recorder.closed == [("deadline", 1)]
+
+
+@dataclass
+class ClosedRecorder(Recorder):
+    closed: list[tuple[str, int]] = field(default_factory=list)
+
+    def record_lease_connections_closed(self, reason: str, count: int) -> None:
+        self.closed.append((reason, count))
