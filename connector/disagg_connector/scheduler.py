@@ -75,6 +75,11 @@ if TYPE_CHECKING:
 # Under vLLM's logger tree, so the lines go through vLLM's handlers and format.
 logger = init_logger(f"vllm.{__name__}")
 
+HOLD_WARNING_S = 0.1
+"""A hook that keeps vLLM's scheduling thread longer than this is logged: no hook may wait on
+the network (claims go off the thread), so such a line means a bug or a starved machine."""
+HOLD_WARNING = "Connector held vLLM's scheduling thread for %.0f ms in %s of %s"
+
 
 def prompt_inputs(request: Request) -> PromptInputs:
     """The salt, LoRA adapter and multimodal items of ``request``, as the digest binds them."""
@@ -202,17 +207,28 @@ class DisaggConnectorScheduler(NixlPullConnectorScheduler):
 
     @override
     def on_new_request(self, request: Request) -> None:
+        started = time.perf_counter()
         self._live_requests.add(request.request_id)
         request.kv_transfer_params = self.reader.arrive(
             prompt_view(request), request.kv_transfer_params
         )
         super().on_new_request(request)
+        _note_hold(started, "on_new_request", request.request_id)
 
     @override
     def get_num_new_matched_tokens(
         self, request: Request, num_computed_tokens: int
     ) -> tuple[int | None, bool]:
         """vLLM's count of tokens to load, gated by the reader: None while a claim is out."""
+        started = time.perf_counter()
+        try:
+            return self._matched_tokens(request, num_computed_tokens)
+        finally:
+            _note_hold(started, "get_num_new_matched_tokens", request.request_id)
+
+    def _matched_tokens(
+        self, request: Request, num_computed_tokens: int
+    ) -> tuple[int | None, bool]:
         if self.retainer is not None:
             self.retainer.asked(request.request_id, request.num_tokens, num_computed_tokens)
         count, load_async = super().get_num_new_matched_tokens(request, num_computed_tokens)
@@ -354,3 +370,10 @@ class DisaggConnectorScheduler(NixlPullConnectorScheduler):
         if self.reuse_stats.is_empty():
             return None
         return self.reuse_stats.clone_and_reset()
+
+
+def _note_hold(started: float, hook: str, request_id: str) -> None:
+    """Log a hook that kept the scheduling thread past HOLD_WARNING_S."""
+    held = time.perf_counter() - started
+    if held > HOLD_WARNING_S:
+        logger.warning(HOLD_WARNING, held * 1000, hook, request_id)

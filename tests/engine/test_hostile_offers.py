@@ -25,7 +25,7 @@ import httpx
 import pytest
 from transformers import PreTrainedTokenizerBase
 
-from conftest import DECODE_CORE, MODEL_DIR, Rig
+from conftest import DECODE_CORE, MODEL_DIR, PREFILL_CORE, Rig
 from conversations import LOGPROB_TOLERANCE, reuse_record, tokenizer, user_text
 from disagg.rig.engine import MODEL_NAME, EngineServer, ServerSpec, start_all
 from disagg_connector.prefix_digest import TokenDigest
@@ -248,3 +248,73 @@ def test_an_offer_past_its_expiry_is_refused_by_decodes_claim(
     history = [*victim_prompt(tok, 201), *first.token_ids, *tok.encode(user_text(202, 40))]
     recompute = ask_prefill(prefill, history, prefill_params(None))
     refused(prefill, history, as_sent_to_prefill(offer), recompute, "unclaimed")
+
+
+def completion(server: EngineServer, prompt: list[int], params: Any, **extra: Any) -> Any:
+    """``server``'s whole JSON answer to a greedy completion of ``prompt``."""
+    body = {
+        "model": MODEL_NAME,
+        "prompt": prompt,
+        "max_tokens": ATTACK_TOKENS,
+        "temperature": 0.0,
+        "ignore_eos": True,
+        "logprobs": 1,
+        "return_token_ids": True,
+        "kv_transfer_params": params,
+        **extra,
+    }
+    response = httpx.post(server.url + "/v1/completions", json=body, timeout=120)
+    response.raise_for_status()
+    return response.json()
+
+
+def test_a_prefill_offer_of_prompt_a_on_prompt_b_is_a_recompute_and_leaves_decode_clean(
+    rig: Rig, tok: PreTrainedTokenizerBase
+) -> None:
+    """Decode is sent prompt B with prefill's signed offer of prompt A's KV (they share their
+    first block): it reads only that block, computes the rest, answers B as a recompute, and
+    an honest B afterwards (decode's prefix cache on) still answers as a recompute."""
+    prefill, decode = rig.on.prefill, rig.on.decode
+    prompt_a = victim_prompt(tok, 311)
+    prompt_b = [*prompt_a[:130], *tok.encode(user_text(312, 60))]  # shorter than A
+    offer_of_a = completion(prefill, prompt_a, prefill_params(None), max_tokens=1)
+    offer_of_a = offer_of_a["kv_transfer_params"]
+    assert offer_of_a[TOKEN_DIGEST_KEY]["tail"], "prefill's offer covers its whole prompt"
+    recompute = ask_prefill(rig.off.decode, prompt_b, None)
+    before = offers(decode, "diverged", P2D)
+    attacked = ask_prefill(decode, prompt_b, offer_of_a)
+    assert_recompute(attacked, recompute, "prompt B on A's offer")
+    wait_counted(decode, "diverged", P2D, before)
+    honest = ask_prefill(decode, prompt_b, None)
+    assert_recompute(honest, recompute, "an honest B after the attack")
+
+
+def cached_tokens(answer: Any) -> int:
+    details = answer["usage"].get("prompt_tokens_details") or {}
+    return int(details.get("cached_tokens") or 0)
+
+
+@pytest.fixture(scope="module")
+def caching_prefill(rig: Rig) -> Iterator[EngineServer]:
+    """A prefill with its prefix cache on, as the CRD's default renders it."""
+    server = rig.decode_server(
+        ServerSpec("prefill-caching", Role.PREFILL, 18206, 15611, PREFILL_CORE, prefix_caching=True)
+    )
+    start_all([server])
+    yield server
+    server.stop()
+
+
+def test_two_tenants_sending_one_prompt_share_no_prefix_cache(
+    rig: Rig, caching_prefill: EngineServer, tok: PreTrainedTokenizerBase
+) -> None:
+    """Under the salts the router derives per tenant, tenant B's first request with tenant A's
+    prompt hits nothing of A's on either engine, while A's second request does hit its own."""
+    prompt = victim_prompt(tok, 321)
+    for engine in (caching_prefill, rig.on.decode):
+        first = completion(engine, prompt, None, cache_salt="tenant-a-salt")
+        again = completion(engine, prompt, None, cache_salt="tenant-a-salt")
+        other = completion(engine, prompt, None, cache_salt="tenant-b-salt")
+        assert cached_tokens(first) == 0, engine.spec.name
+        assert cached_tokens(again) > 0, f"{engine.spec.name}: the control hit nothing"
+        assert cached_tokens(other) == 0, f"{engine.spec.name}: tenant B hit A's cache"

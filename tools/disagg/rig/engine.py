@@ -72,6 +72,9 @@ class ServerSpec:
     read_decision: ReadDecision = ReadDecision.THRESHOLD
     """Prefill's read decision; the rig reads at every threshold's worth by default, so that
     tests and benchmarks exercise the read itself."""
+    prefix_caching: bool | None = None
+    """vLLM's prefix cache; None: the rig's default, off on prefill (the seed's setup, so that
+    reads show) and on on decode."""
     shutdown_timeout_s: int | None = None
     """vLLM's drain on SIGTERM (``--shutdown-timeout``, as the operator renders it from the
     grace period); None: vLLM's default, which aborts the requests in flight."""
@@ -149,7 +152,10 @@ class EngineServer:
             "--seed", "0",
             "--enable-prompt-tokens-details",
         ]  # fmt: skip
-        if self.spec.role == Role.PREFILL:
+        prefix_caching = self.spec.prefix_caching
+        if prefix_caching is None:
+            prefix_caching = self.spec.role != Role.PREFILL
+        if not prefix_caching:
             vllm_args.append("--no-enable-prefix-caching")
         if self.spec.shutdown_timeout_s is not None:
             vllm_args += ["--shutdown-timeout", str(self.spec.shutdown_timeout_s)]
