@@ -48,6 +48,12 @@ from disagg_contract import LEASE_KEY, OFFER_KEY, ReadDecision, claim_trust_s
 
 logger = logging.getLogger(f"vllm.{__name__}")
 
+CLAIM_RECHECK_S = 0.5
+"""A request still queued this long after its claim was granted claims again before it reads
+(off the scheduling thread too), so that a retention decode released meanwhile (the router,
+memory pressure) is not read: decode would hold its blocks through the hold, but wants them
+back."""
+
 
 class ReuseRecorder(Protocol):
     """Where the reader counts what it did (the connector's stats)."""
@@ -96,6 +102,8 @@ class ReadState:
     decision: Decision | None = None
     trust_until: float = 0.0
     """A granted claim may start the read until then (the desk's clock)."""
+    granted_at: float = 0.0
+    """When the claim decode last granted was sent (the desk's clock)."""
 
 
 class OfferReader:
@@ -280,21 +288,27 @@ class OfferReader:
     ) -> int | None:
         """The tokens to read once decode granted the claim; None while its answer is out.
 
-        A grant is good for its trust window from when the claim was sent; a request still
-        queued past it claims again. A refused or unanswered claim turns the offer into a
-        recompute, counted as ``unclaimed``.
+        A grant is good for CLAIM_RECHECK_S, within its trust window, from when the claim was
+        sent; a request still queued past it claims again. A refused or unanswered claim turns
+        the offer into a recompute, counted as ``unclaimed``.
         """
         now = self._clock()
-        if now < state.trust_until:
-            return count
+        if state.trust_until and now < state.trust_until:
+            if now - state.granted_at < CLAIM_RECHECK_S:
+                return count
+            state.trust_until = 0.0
+            self._send_claim(request_id, params)
+            return None
         answer = self._claim_answer(request_id, params)
         if answer is None:
             return None
         if isinstance(answer, Grant) and answer.granted:
             sent_at = self.desk.sent_at(request_id) if self.desk is not None else None
-            state.trust_until = (sent_at or now) + claim_trust_s(answer.hold_s)
-            if now < state.trust_until:
+            state.granted_at = now if sent_at is None else sent_at
+            state.trust_until = state.granted_at + claim_trust_s(answer.hold_s)
+            if now < state.trust_until and now - state.granted_at < CLAIM_RECHECK_S:
                 return count
+            state.trust_until = 0.0
             self._send_claim(request_id, params)
             return None
         reason = answer if isinstance(answer, str) else f"decode refused: {answer.refusal}"

@@ -20,7 +20,7 @@ from disagg_connector.offer import MIN_KEY_CHARS, OfferKeys, OfferSigner, model_
 from disagg_connector.offer_form import Direction
 from disagg_connector.prefix_digest import NO_INPUTS, PromptInputs, TokenDigest
 from disagg_connector.read_cost import Choice, CostModel, Estimates
-from disagg_connector.reader import OfferReader, PromptView, ReaderConfig
+from disagg_connector.reader import CLAIM_RECHECK_S, OfferReader, PromptView, ReaderConfig
 from disagg_connector.retention import RetentionTable
 from disagg_connector.reuse_plan import Verdict
 from disagg_contract import (
@@ -312,3 +312,21 @@ def test_dropping_a_claim_still_out_never_blocks(frozen_port: int) -> None:
     assert time.perf_counter() - started < 0.05
     assert desk.answer("queued") == "no claim was sent"
     desk.close()
+
+
+def test_a_request_queued_past_the_recheck_claims_again_and_sees_a_release(
+    decode: Decode,
+) -> None:
+    """A grant is reused only briefly: a request still queued (no room yet) claims again, so a
+    retention the router released meanwhile is not read."""
+    recorder = Recorder()
+    read = reader(recorder)
+    params = decode.offer("turn-1", HISTORY)
+    read.arrive(view("turn-2", [*HISTORY, 1]), params)
+    assert gate_until_answered(read, "turn-2", params, 16)[0] == 16
+    assert read.gate("turn-2", params, 16, 0) == 16, "a fresh grant is reused"
+    decode.table.release("turn-1", params[OFFER_KEY]["id"])
+    time.sleep(CLAIM_RECHECK_S)
+    assert gate_until_answered(read, "turn-2", params, 16)[0] == 0
+    read.finished("turn-2", aborted=False)
+    assert recorder.verdicts == [(D2P, Verdict.UNCLAIMED)]
