@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from disagg_contract import REDIS_PREFIX_ENV
+from disagg_contract import REDIS_PREFIX_ENV, REUSE_SUMMARY_PATH
 from disagg_router.config import ConfigError, RouterConfig
 from engine_standin import MODEL
 from router_harness import (
@@ -21,6 +21,8 @@ from router_harness import (
     router_process,
     start_engine,
 )
+
+REDIS_TIMEOUT_S = 0.5
 
 
 @pytest.fixture(scope="module")
@@ -132,15 +134,30 @@ def test_unreachable_store_degrades_to_no_reuse(rig: RouterRig) -> None:
         assert metric(client, "disagg_router_store_errors_total", operation="begin_turn") == 1
 
 
+def test_a_stopped_redis_shows_in_the_store_error_counter_and_the_reuse_summary(
+    rig: RouterRig,
+) -> None:
+    messages = [{"role": "user", "content": "before the store stops"}]
+    with redis_server() as url:
+        router = rig.start_router(store="redis", redis_url=url, redis_timeout_s=REDIS_TIMEOUT_S)
+        turn(router.url, messages, "c")
+        with httpx.Client(base_url=router.url, timeout=10) as client:
+            assert client.get(REUSE_SUMMARY_PATH).json()["store_errors"] == 0
+    turn(router.url, messages, "c")
+    with httpx.Client(base_url=router.url, timeout=10) as client:
+        assert metric(client, "disagg_router_store_errors_total", operation="begin_turn") == 1
+        assert metric(client, "disagg_router_conversation_lookups_total", result="hit") == 0
+        summary = client.get(REUSE_SUMMARY_PATH).json()
+    assert summary["store_errors"] == 1, summary
+    assert summary["turns"] == 2, "the turn was answered, without reuse"
+
+
 @pytest.fixture
 def black_hole() -> Iterator[str]:
     """A Redis URL whose listener accepts connections (the kernel's backlog) and never answers."""
     with bind_loopback() as sock:
         sock.listen(1024)
         yield f"redis://127.0.0.1:{sock.getsockname()[1]}/0"
-
-
-REDIS_TIMEOUT_S = 0.5
 
 
 def test_a_black_holed_redis_makes_each_turn_a_miss_within_the_timeout(
