@@ -61,6 +61,7 @@ class RouterConfig:
     idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S
     max_body_bytes: int = 16 * 1024 * 1024
     body_timeout_s: float = 30.0
+    header_timeout_s: float = 10.0
     max_concurrent_requests: int = 1024
     connect_timeout_s: float = 2.0
     prefill_timeout_s: float = 600.0
@@ -133,6 +134,7 @@ class RouterConfig:
             "health_max_backoff_s",
             "redis_timeout_s",
             "body_timeout_s",
+            "header_timeout_s",
             "client_keys_refresh_s",
             "shutdown_timeout_s",
         ):

@@ -99,6 +99,12 @@ class RouterMetrics:
             ["operation"],
             registry=reg,
         )
+        self.header_timeouts = Counter(
+            "disagg_router_header_timeouts",
+            "Connections closed (408) because a request's line and headers did not arrive "
+            "within --header-timeout.",
+            registry=reg,
+        )
         self.in_flight = Gauge(
             "disagg_router_requests_in_flight",
             "Generation requests holding one of the --max-concurrent-requests slots.",

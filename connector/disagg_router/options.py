@@ -151,11 +151,20 @@ def add_router_arguments(parser: argparse.ArgumentParser) -> None:
     limits = parser.add_argument_group("limits and health")
     limits.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes)
     limits.add_argument(
+        "--header-timeout",
+        type=float,
+        default=d.header_timeout_s,
+        help="seconds a client has to send a request's line and headers, from the moment it "
+        "connects (or, on a kept-alive connection, sends the request's first byte); past it the "
+        "router answers 408 and closes the connection, counted in "
+        "disagg_router_header_timeouts_total (default %(default)s)",
+    )
+    limits.add_argument(
         "--body-timeout",
         type=float,
         default=d.body_timeout_s,
-        help="seconds a client has to send its whole request body; past it the router answers "
-        "408 and closes the connection (default %(default)s)",
+        help="seconds a client has to send its whole request body, from the end of its headers; "
+        "past it the router answers 408 and closes the connection (default %(default)s)",
     )
     limits.add_argument(
         "--max-concurrent-requests",
@@ -210,6 +219,7 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
         idle_timeout_s=args.idle_timeout_s,
         max_body_bytes=args.max_body_bytes,
         body_timeout_s=args.body_timeout,
+        header_timeout_s=args.header_timeout,
         max_concurrent_requests=args.max_concurrent_requests,
         connect_timeout_s=args.connect_timeout,
         prefill_timeout_s=args.prefill_timeout,
