@@ -4,6 +4,7 @@ answer."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterator
 
@@ -187,3 +188,47 @@ def test_the_redis_timeout_is_a_positive_number_of_seconds() -> None:
         RouterConfig(urls, urls, redis_timeout_s=0).validate()
     with pytest.raises(ConfigError, match="--redis-prefix"):
         RouterConfig(urls, urls, redis_prefix="").validate()
+
+
+CONCURRENT_STREAMS = 256
+
+
+async def streamed_turns(url: str, round_name: str) -> list[int]:
+    """One streamed turn of each of ``CONCURRENT_STREAMS`` conversations, all at once; the
+    status of each."""
+
+    async def one(client: httpx.AsyncClient, index: int) -> int:
+        body = {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": f"{round_name} {index}"}],
+            "conversation_id": f"conv-{index}",
+            "stream": True,
+        }
+        async with client.stream("POST", "/v1/chat/completions", json=body) as response:
+            async for _ in response.aiter_bytes():
+                pass
+            return response.status_code
+
+    limits = httpx.Limits(max_connections=CONCURRENT_STREAMS)
+    async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits) as client:
+        return await asyncio.gather(*(one(client, i) for i in range(CONCURRENT_STREAMS)))
+
+
+def test_256_concurrent_streams_meet_no_store_error_with_the_default_settings(
+    rig: RouterRig, redis_url: str
+) -> None:
+    for engine in rig.prefill + rig.decode:
+        engine.state.record = False
+    for engine in rig.decode:
+        engine.state.token_delay_s = 0.05  # every stream still open when the last one starts
+    prefill, decode = [e.url for e in rig.prefill], [e.url for e in rig.decode]
+    options = ("--store", "redis", "--redis-url", redis_url, "--redis-prefix", "streams:")
+    with router_process(prefill, decode, *options) as router:
+        for round_name in ("first", "second"):
+            statuses = asyncio.run(streamed_turns(router.url, round_name))
+            assert statuses == [200] * CONCURRENT_STREAMS
+        with httpx.Client(base_url=router.url, timeout=10) as client:
+            errors = metric(client, "disagg_router_store_errors_total", operation="begin_turn")
+            errors += metric(client, "disagg_router_store_errors_total", operation="commit")
+            assert errors == 0
+            assert hits(router.url) == CONCURRENT_STREAMS, "every second turn read its KV back"

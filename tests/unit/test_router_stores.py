@@ -31,7 +31,7 @@ def make_store(request: pytest.FixtureRequest) -> StoreFactory:
         return lambda: MemoryStore(max_conversations=100)
     url = request.getfixturevalue("redis_url")
     prefix = f"test:{request.node.name}:{time.monotonic_ns()}:"
-    return lambda: RedisStore(url, prefix, ttl_s=60, timeout_s=2.0)
+    return lambda: RedisStore(url, prefix, ttl_s=60, timeout_s=2.0, max_connections=8)
 
 
 def run(make_store: StoreFactory, scenario: Callable[[ConversationStore], Awaitable[None]]) -> None:

@@ -23,6 +23,10 @@ from typing import Protocol
 from disagg_router.config import RouterConfig, StoreKind
 from disagg_router.conversation import TurnEntry, TurnStart
 
+REDIS_SPARE_CONNECTIONS = 16
+"""Redis connections beyond one per request slot: the lease book's drops, a client's DELETE of a
+conversation and the health check use the store outside the slots."""
+
 
 class ConversationStore(Protocol):
     """Per-conversation state behind the router."""
@@ -69,6 +73,7 @@ def build_store(
             config.redis_prefix,
             config.conversation_ttl_s,
             config.redis_timeout_s,
+            config.max_concurrent_requests + REDIS_SPARE_CONNECTIONS,
         )
     from disagg_router.stores.memory_store import MemoryStore
 

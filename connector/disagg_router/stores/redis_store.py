@@ -4,6 +4,11 @@ One hash per conversation (fields ``seq``, ``committed``, ``entry``, ``decode``)
 operation is one Lua script, so it is atomic across routers and costs one round trip. Each
 operation, connecting and the client's own retries included, ends within ``timeout_s``: a Redis
 that accepts connections and never answers turns a turn into a miss, not a hang.
+
+The connection pool holds up to ``max_connections`` (``build_store`` sizes it from the router's
+request slots, so that every turn in flight can hold one) and a call that finds none free waits
+for one within the same deadline, instead of failing at once as redis-py's default pool (100
+connections) does under load.
 """
 
 from __future__ import annotations
@@ -61,10 +66,17 @@ return {known, entry}
 class RedisStore:
     """Store shared through Redis; conversation state lives twice the entry TTL."""
 
-    def __init__(self, url: str, prefix: str, ttl_s: float, timeout_s: float) -> None:
-        self._redis: Any = aioredis.Redis.from_url(
-            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s
+    def __init__(
+        self, url: str, prefix: str, ttl_s: float, timeout_s: float, max_connections: int
+    ) -> None:
+        pool = aioredis.BlockingConnectionPool.from_url(
+            url,
+            max_connections=max_connections,
+            timeout=timeout_s,
+            socket_timeout=timeout_s,
+            socket_connect_timeout=timeout_s,
         )
+        self._redis: Any = aioredis.Redis.from_pool(pool)
         self._timeout_s = timeout_s
         self._prefix = prefix
         self._keep_s = max(1, math.ceil(2 * ttl_s))
