@@ -35,6 +35,11 @@ class Guard(Protocol):
         ...
 
 
+def tenant_scope(tenant: str) -> str:
+    """The conversation scope of the tenant named ``tenant``."""
+    return f"tenant:{tenant}"
+
+
 def bearer_token(scope: Scope) -> bytes | None:
     """The token of the request's ``Authorization: Bearer <token>`` header, if any."""
     for name, value in scope["headers"]:
@@ -61,7 +66,7 @@ class KeyGuard:
             return ""
         token = bearer_token(scope)
         tenant = self._keys.tenant_of(token) if token is not None else None
-        return None if tenant is None else f"tenant:{tenant}"
+        return None if tenant is None else tenant_scope(tenant)
 
 
 class OpenGuard:

@@ -58,6 +58,8 @@ class RouterConfig:
     conversation_ttl_s: float = 450.0
     decode_kv_ttl_s: float = 480.0
     max_conversations: int = 10_000
+    max_conversations_per_tenant: int = 10_000
+    tenant_conversations: tuple[tuple[str, int], ...] = ()
     idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S
     max_body_bytes: int = 16 * 1024 * 1024
     body_timeout_s: float = 30.0
@@ -122,7 +124,13 @@ class RouterConfig:
             raise ConfigError("--idle-timeout-s: must be a positive number of seconds")
         if not self.redis_prefix:
             raise ConfigError("--redis-prefix: must not be empty (one prefix per model)")
-        for name in ("max_conversations", "max_body_bytes", "max_concurrent_requests", "port"):
+        for name in (
+            "max_conversations",
+            "max_conversations_per_tenant",
+            "max_body_bytes",
+            "max_concurrent_requests",
+            "port",
+        ):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"--{name.replace('_', '-')}: must be a positive integer")
         for name in (
@@ -141,6 +149,12 @@ class RouterConfig:
             if getattr(self, name) <= 0:
                 flag = name.removesuffix("_s").replace("_", "-")
                 raise ConfigError(f"--{flag}: must be a positive number of seconds")
+        for tenant, share in self.tenant_conversations:
+            if share <= 0:
+                raise ConfigError(
+                    f"--tenant-conversations: {tenant}={share}: give a positive number of "
+                    "conversations"
+                )
         if self.decode_affinity_slack < 0 or self.kv_bytes_per_token < 0:
             raise ConfigError("--decode-affinity-slack/--kv-bytes-per-token: must not be negative")
         if self.log_format not in ("text", "json"):

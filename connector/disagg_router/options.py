@@ -15,6 +15,7 @@ from disagg_contract import (
     ROUTER_API_KEY_ENV,
 )
 from disagg_router.config import (
+    ConfigError,
     DiscoveryKind,
     RouterConfig,
     StoreKind,
@@ -95,8 +96,26 @@ def add_router_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-conversations",
         type=int,
         default=d.max_conversations,
-        help="in-memory store bound, least recently used evicted (default %(default)s); an "
+        help="in-memory store bound over all tenants (default %(default)s): when it is reached, "
+        "the tenant holding the most conversations gives up its least recently used one; an "
         "entry holds decode's block ids as JSON text, about 6 bytes per KV block of its context",
+    )
+    conv.add_argument(
+        "--max-conversations-per-tenant",
+        type=int,
+        default=d.max_conversations_per_tenant,
+        metavar="N",
+        help="conversations each tenant (client key; without keys, each bearer token) keeps in "
+        "the store, memory or Redis: its next one evicts its own least recently used, never "
+        "another tenant's (default %(default)s)",
+    )
+    conv.add_argument(
+        "--tenant-conversations",
+        action="append",
+        default=[],
+        metavar="TENANT=N",
+        help="the conversations one tenant keeps instead of --max-conversations-per-tenant; "
+        "repeat for each tenant",
     )
     conv.add_argument(
         "--idle-timeout-s",
@@ -216,6 +235,8 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
         conversation_ttl_s=args.conversation_ttl,
         decode_kv_ttl_s=args.decode_kv_ttl,
         max_conversations=args.max_conversations,
+        max_conversations_per_tenant=args.max_conversations_per_tenant,
+        tenant_conversations=tenant_numbers("--tenant-conversations", args.tenant_conversations),
         idle_timeout_s=args.idle_timeout_s,
         max_body_bytes=args.max_body_bytes,
         body_timeout_s=args.body_timeout,
@@ -235,6 +256,20 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
         client_keys_refresh_s=args.client_keys_refresh,
         engine_key_file=_given(args.engine_key_file, ENGINE_KEY_FILE_ENV, ""),
     ).validate()
+
+
+def tenant_numbers(flag: str, items: list[str]) -> tuple[tuple[str, int], ...]:
+    """``TENANT=N`` items of a repeated flag as (tenant, N) pairs; raise ``ConfigError`` naming
+    ``flag`` for an item of another shape or a tenant given twice."""
+    pairs: dict[str, int] = {}
+    for item in items:
+        tenant, sep, number = item.rpartition("=")
+        if not sep or not tenant or not number.strip().isdigit():
+            raise ConfigError(f"{flag}: {item!r} is not TENANT=N (e.g. {flag} team-a=500)")
+        if tenant in pairs:
+            raise ConfigError(f"{flag}: tenant {tenant!r} is given twice; give it once")
+        pairs[tenant] = int(number)
+    return tuple(pairs.items())
 
 
 @overload
