@@ -4,9 +4,9 @@ per-entry expiry.
 Each scope (tenant) keeps its conversations in an LRU of its own, bounded by its share
 (:class:`TenantShares`): a tenant starting its share-plus-first conversation evicts its own least
 recently used one. When all scopes together reach ``max_conversations``, the scope holding the
-most gives up its least recently used one (of the largest, the least recently used of theirs),
-so a tenant flooding the store with fresh ids evicts
-only its own conversations.
+most gives up its least recently used one (of scopes as large, the one whose least recently used
+conversation is the oldest), so a tenant flooding the store with fresh ids evicts only its own
+conversations.
 
 Entries are kept serialized: decode's block-id lists are several times smaller as JSON text
 than as Python lists (benchmarks/README.md, router section, has the sizes).
@@ -36,8 +36,8 @@ def _nothing(key: str) -> None:
 
 
 class MemoryStore:
-    """Store for a single router replica; holds at most ``max_conversations`` conversations, and
-    of each scope at most its share (all of them when ``shares`` is None), and calls
+    """Store for a single router replica; holds at most ``max_conversations`` conversations, of
+    each scope at most its share (without ``shares``, ``max_conversations``), and calls
     ``on_evict`` with the key of each one it evicts for room."""
 
     def __init__(
