@@ -4,7 +4,8 @@ One hash per conversation (fields ``seq``, ``committed``, ``entry``, ``decode``)
 operation is one Lua script, so it is atomic across routers and costs one round trip. Each scope
 (tenant) has an index, a sorted set of its conversations by last use: a turn that takes the
 scope past its share (:class:`TenantShares`) deletes the scope's least recently used
-conversations, never another scope's, and the router releases the leases they held. A
+conversations, never another scope's; the router whose turn deleted them releases the leases
+it held for them (another router's lapse at its idle timeout). A
 conversation's hash lives at ``<prefix>{<scope tag>}.<digest>`` and its scope's index at
 ``<prefix>{<scope tag>}``: one hash slot per scope, should the Redis be a cluster. Each
 operation, connecting and the client's own retries included, ends within ``timeout_s``: a Redis
