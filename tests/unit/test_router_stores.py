@@ -236,7 +236,8 @@ def test_conversation_key_is_scoped_by_tenant_or_open_token() -> None:
 FLOOD = 20_000
 SHARE = 100
 BATCH = 500
-"""Fresh ids begun at once, so that the Redis flood takes seconds, not minutes."""
+"""Fresh ids begun and opened at once, so that the Redis flood takes seconds, not minutes (the
+last one alone after them, so that it is the most recently used)."""
 
 SharedStoreFactory = Callable[[TenantShares, list[str]], ConversationStore]
 
@@ -276,10 +277,11 @@ def test_a_tenant_flooding_fresh_ids_evicts_only_its_own_conversations(
             refused = [key_of("alice", f"refused{i}") for i in range(BATCH)]
             starts = await asyncio.gather(*(store.begin_turn(key) for key in refused))
             assert {start.seq for start in starts} == {0} and evicted == [], "nothing stored"
-            for start in range(0, FLOOD, BATCH):
-                ids = range(start, min(start + BATCH, FLOOD))
+            for start in range(0, FLOOD - 1, BATCH):
+                ids = range(start, min(start + BATCH, FLOOD - 1))
                 keys = [key_of("alice", f"a{i}") for i in ids]
                 await asyncio.gather(*(accepted_turn(store, key) for key in keys))
+            await accepted_turn(store, key_of("alice", f"a{FLOOD - 1}"))
             for key in bob:
                 assert (await store.begin_turn(key)).lookup is Lookup.HIT, "bob's stayed"
             alice = scope_tag(tenant_scope("alice"))
