@@ -248,6 +248,9 @@ class ReuseSummary(TypedDict):
     """Decode retentions the router holds now."""
     released: dict[str, int]
     """Leases released, by :class:`ReleaseReason` value and ``gone`` (decode had freed it)."""
+    store_errors: int
+    """Conversation store operations that failed: each cost a turn its reuse (or left an entry
+    to expire on its own); ``disagg_router_store_errors_total`` by operation."""
 
 
 # --- Ports -----------------------------------------------------------------------------------

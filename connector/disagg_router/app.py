@@ -51,12 +51,16 @@ _ENDPOINTS = {endpoint.value: endpoint for endpoint in Endpoint}
 
 class RouterApp:
     """The router's ASGI app: ``guard`` admits each HTTP request in its conversation scope,
-    ``slots`` bound the generation requests in flight."""
+    ``slots`` bound the generation requests in flight; ``metrics`` live as long as the app (the
+    server counts the connections it closes in them too)."""
 
-    def __init__(self, api: FastAPI, guard: Guard, slots: RequestSlots) -> None:
+    def __init__(
+        self, api: FastAPI, guard: Guard, slots: RequestSlots, metrics: RouterMetrics
+    ) -> None:
         self._api = api
         self._guard = guard
         self.slots = slots
+        self.metrics = metrics
 
     @property
     def state(self) -> State:
@@ -121,6 +125,8 @@ def create_app(config: RouterConfig) -> RouterApp:
         dict(config.tenant_requests),
     )
     salts = CacheSalts(credential)
+    metrics = RouterMetrics()
+    metrics.in_flight.set_function(lambda: slots.in_flight)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -136,8 +142,6 @@ def create_app(config: RouterConfig) -> RouterApp:
 
         store = build_store(config, evicted)
         discovery = build_discovery(config, prefill, decode)
-        metrics = RouterMetrics()
-        metrics.in_flight.set_function(lambda: slots.in_flight)
         leases = LeaseBook(
             engines,
             store,
@@ -171,7 +175,7 @@ def create_app(config: RouterConfig) -> RouterApp:
     )
     api.include_router(routes.router)
     api.add_exception_handler(HTTPException, _http_error)
-    return RouterApp(api, guard, slots)
+    return RouterApp(api, guard, slots, metrics)
 
 
 def not_routed(status: int, detail: str, request: Request) -> Response:

@@ -51,6 +51,11 @@ class Guard(Protocol):
         ...
 
 
+def tenant_scope(tenant: str) -> str:
+    """The conversation scope of the tenant named ``tenant``."""
+    return f"tenant:{tenant}"
+
+
 def bearer_token(scope: Scope) -> bytes | None:
     """The token of the request's ``Authorization: Bearer <token>`` header, if any."""
     for name, value in scope["headers"]:
@@ -64,7 +69,7 @@ def bearer_token(scope: Scope) -> bytes | None:
 
 class KeyGuard:
     """Admits requests that carry a client key, or ask for an open path; a key's client is its
-    tenant, in the scope ``tenant:<name>``, so tenants never share a conversation."""
+    tenant, in the scope :func:`tenant_scope`, so tenants never share a conversation."""
 
     __slots__ = ("_clients", "_keys")
 
@@ -82,7 +87,7 @@ class KeyGuard:
             return None
         client = self._clients.get(tenant)
         if client is None:
-            client = self._clients[tenant] = Client(tenant, f"tenant:{tenant}")
+            client = self._clients[tenant] = Client(tenant, tenant_scope(tenant))
         return client
 
 

@@ -58,9 +58,12 @@ class RouterConfig:
     conversation_ttl_s: float = 450.0
     decode_kv_ttl_s: float = 480.0
     max_conversations: int = 10_000
+    max_conversations_per_tenant: int = 10_000
+    tenant_conversations: tuple[tuple[str, int], ...] = ()
     idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S
     max_body_bytes: int = 16 * 1024 * 1024
     body_timeout_s: float = 30.0
+    header_timeout_s: float = 10.0
     max_concurrent_requests: int = 1024
     max_requests_per_tenant: int | None = None
     tenant_requests: tuple[tuple[str, int], ...] = ()
@@ -123,7 +126,13 @@ class RouterConfig:
             raise ConfigError("--idle-timeout-s: must be a positive number of seconds")
         if not self.redis_prefix:
             raise ConfigError("--redis-prefix: must not be empty (one prefix per model)")
-        for name in ("max_conversations", "max_body_bytes", "max_concurrent_requests", "port"):
+        for name in (
+            "max_conversations",
+            "max_conversations_per_tenant",
+            "max_body_bytes",
+            "max_concurrent_requests",
+            "port",
+        ):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"--{name.replace('_', '-')}: must be a positive integer")
         for name in (
@@ -135,6 +144,7 @@ class RouterConfig:
             "health_max_backoff_s",
             "redis_timeout_s",
             "body_timeout_s",
+            "header_timeout_s",
             "client_keys_refresh_s",
             "shutdown_timeout_s",
         ):
@@ -151,8 +161,9 @@ class RouterConfig:
         return self
 
     def _check_tenant_shares(self) -> None:
-        """Each tenant's share of the request slots: between 1 and the global bound, and at
-        most one share per tenant."""
+        """Each tenant's share of the request slots between 1 and the global bound; each
+        tenant's own number (``--tenant-requests``, ``--tenant-conversations``) given once, for
+        a tenant name, and positive."""
         whole = self.max_concurrent_requests
         share = self.max_requests_per_tenant
         if share is not None and not 0 < share <= whole:
@@ -160,36 +171,33 @@ class RouterConfig:
                 f"--max-requests-per-tenant: {share} must be between 1 and "
                 f"--max-concurrent-requests ({whole})"
             )
-        seen: set[str] = set()
-        for tenant, count in self.tenant_requests:
-            if tenant in seen:
-                raise ConfigError(f"--tenant-requests: tenant {tenant!r} is given twice")
-            seen.add(tenant)
-            if not tenant or not tenant.isprintable() or "/" in tenant:
-                raise ConfigError(
-                    f"--tenant-requests: {tenant!r} is not a tenant name (a client-keys file "
-                    "name: printable, without '/')"
-                )
-            if not 0 < count <= whole:
-                raise ConfigError(
-                    f"--tenant-requests: {tenant}={count} must be between 1 and "
-                    f"--max-concurrent-requests ({whole})"
-                )
+        _check_tenant_numbers(
+            "--tenant-requests", self.tenant_requests, ("--max-concurrent-requests", whole)
+        )
+        _check_tenant_numbers("--tenant-conversations", self.tenant_conversations, None)
 
 
-def tenant_requests(values: list[str]) -> tuple[tuple[str, int], ...]:
-    """``TENANT=N`` option values as (tenant, N) pairs; raise ``ConfigError`` naming the flag
-    for a value of another form."""
-    pairs: list[tuple[str, int]] = []
-    for value in values:
-        tenant, sign, count = value.rpartition("=")
-        if not sign or not count.strip().isdigit():
+def _check_tenant_numbers(
+    flag: str, pairs: tuple[tuple[str, int], ...], bound: tuple[str, int] | None
+) -> None:
+    """Raise ``ConfigError`` naming ``flag`` for a tenant given twice, a name no client-keys
+    file can have, or a number below 1 or past ``bound`` (the flag that bounds it, its value)."""
+    seen: set[str] = set()
+    for tenant, number in pairs:
+        if tenant in seen:
+            raise ConfigError(f"{flag}: tenant {tenant!r} is given twice; give it once")
+        seen.add(tenant)
+        if not tenant or not tenant.isprintable() or "/" in tenant:
             raise ConfigError(
-                f"--tenant-requests: {value!r} is not TENANT=N (a tenant's name and the "
-                "number of requests it may have in flight, e.g. alice=64)"
+                f"{flag}: {tenant!r} is not a tenant name (a client-keys file name: printable, "
+                "without '/')"
             )
-        pairs.append((tenant, int(count)))
-    return tuple(pairs)
+        if number <= 0:
+            raise ConfigError(f"{flag}: {tenant}={number}: give a positive number")
+        if bound is not None and number > bound[1]:
+            raise ConfigError(
+                f"{flag}: {tenant}={number} must be between 1 and {bound[0]} ({bound[1]})"
+            )
 
 
 def check_key(source: str, key: str) -> None:

@@ -6,7 +6,8 @@ import enum
 import hashlib
 import json
 import time
-from dataclasses import dataclass, fields
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from disagg_contract import KV_TRANSFER_PARAMS
@@ -73,8 +74,36 @@ class TurnStart:
     previous_decode: str | None
 
 
+def scope_tag(scope: str) -> str:
+    """The part of a conversation key that names its scope (a digest: an open router's scope is
+    a bearer token, which no store may hold in clear)."""
+    return hashlib.sha256(scope.encode()).hexdigest()[:16]
+
+
 def conversation_key(conversation_id: str, scope: str) -> str:
     """The store key of a conversation in a scope (``auth``: a tenant, or an open router's
-    bearer token): one id in two scopes is two conversations."""
+    bearer token): one id in two scopes is two conversations. ``<scope tag>.<digest>``: a store
+    bounds each scope's conversations by the tag (:class:`TenantShares`)."""
     digest = hashlib.sha256(f"{scope}\0{conversation_id}".encode()).hexdigest()
-    return digest[:40]
+    return f"{scope_tag(scope)}.{digest[:40]}"
+
+
+def split_key(key: str) -> tuple[str, str]:
+    """A conversation key's scope tag and the digest of its id in that scope."""
+    tag, _, digest = key.partition(".")
+    return tag, digest
+
+
+@dataclass(frozen=True)
+class TenantShares:
+    """How many conversations each scope may keep in a store: ``default``, or its own number
+    (``by_tag``, by :func:`scope_tag`). A scope past its share gives up its own least recently
+    used conversation, never another scope's."""
+
+    default: int
+    by_tag: Mapping[str, int] = field(default_factory=dict)
+
+    def of(self, key: str) -> tuple[str, int]:
+        """The scope tag of conversation ``key`` and that scope's share."""
+        tag = split_key(key)[0]
+        return tag, self.by_tag.get(tag, self.default)

@@ -10,6 +10,9 @@ from disagg_router.replicas import ReplicaPool
 GONE = "gone"
 """The release label of a lease decode no longer held when the router renewed it."""
 RELEASE_LABELS = (*(reason.value for reason in ReleaseReason), GONE)
+STORE_OPERATIONS = ("begin_turn", "commit", "restore", "drop", "forget")
+"""The operation label of a failed store call (exported at zero from the start, so that an
+alert on the counter's increase sees the first failure)."""
 
 _LATENCY_BUCKETS = (
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0
@@ -91,8 +94,15 @@ class RouterMetrics:
         )
         self.store_errors = Counter(
             "disagg_router_store_errors",
-            "Conversation store operations that failed (the turn ran without reuse).",
+            "Conversation store operations that failed, by operation: begin_turn (the turn ran "
+            "without reuse), commit (the next turn recomputes), restore, drop, forget.",
             ["operation"],
+            registry=reg,
+        )
+        self.header_timeouts = Counter(
+            "disagg_router_header_timeouts",
+            "Connections closed (408) because a request's line and headers did not arrive "
+            "within --header-timeout.",
             registry=reg,
         )
         self.in_flight = Gauge(
@@ -159,6 +169,8 @@ class RouterMetrics:
             self.reuse_prompt_tokens.labels(kind)
         for label in RELEASE_LABELS:
             self.lease_releases.labels(label)
+        for operation in STORE_OPERATIONS:
+            self.store_errors.labels(operation)
         self._turns = self._hits = self._reused = self._recomputed = 0
         self._released = dict.fromkeys(RELEASE_LABELS, 0)
 
@@ -186,6 +198,7 @@ class RouterMetrics:
             recomputed_tokens=self._recomputed,
             leases_held=leases_held,
             released=dict(self._released),
+            store_errors=int(_total(self.store_errors)),
         )
 
     def render(self, pools: tuple[ReplicaPool, ...]) -> bytes:
@@ -199,3 +212,13 @@ class RouterMetrics:
                 self.healthy.labels(*labels).set(1 if replica.healthy else 0)
                 self.draining.labels(*labels).set(1 if replica.draining else 0)
         return generate_latest(self.registry)
+
+
+def _total(counter: Counter) -> float:
+    """A counter's value summed over its labels (the callers count through the counter)."""
+    return sum(
+        sample.value
+        for family in counter.collect()
+        for sample in family.samples
+        if sample.name.endswith("_total")
+    )

@@ -15,11 +15,11 @@ from disagg_contract import (
     ROUTER_API_KEY_ENV,
 )
 from disagg_router.config import (
+    ConfigError,
     DiscoveryKind,
     RouterConfig,
     StoreKind,
     check_url,
-    tenant_requests,
 )
 from disagg_router.tenants import API_KEY_TENANT
 
@@ -96,8 +96,26 @@ def add_router_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-conversations",
         type=int,
         default=d.max_conversations,
-        help="in-memory store bound, least recently used evicted (default %(default)s); an "
+        help="in-memory store bound over all tenants (default %(default)s): when it is reached, "
+        "the tenant holding the most conversations gives up its least recently used one; an "
         "entry holds decode's block ids as JSON text, about 6 bytes per KV block of its context",
+    )
+    conv.add_argument(
+        "--max-conversations-per-tenant",
+        type=int,
+        default=d.max_conversations_per_tenant,
+        metavar="N",
+        help="conversations each tenant (client key; without keys, each bearer token) keeps in "
+        "the store, memory or Redis: its next one evicts its own least recently used, never "
+        "another tenant's (default %(default)s)",
+    )
+    conv.add_argument(
+        "--tenant-conversations",
+        action="append",
+        default=[],
+        metavar="TENANT=N",
+        help="the conversations one tenant keeps instead of --max-conversations-per-tenant; "
+        "repeat for each tenant",
     )
     conv.add_argument(
         "--idle-timeout-s",
@@ -152,11 +170,20 @@ def add_router_arguments(parser: argparse.ArgumentParser) -> None:
     limits = parser.add_argument_group("limits and health")
     limits.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes)
     limits.add_argument(
+        "--header-timeout",
+        type=float,
+        default=d.header_timeout_s,
+        help="seconds a client has to send a request's line and headers, from the moment it "
+        "connects (or, on a kept-alive connection, sends the request's first byte); past it the "
+        "router answers 408 and closes the connection, counted in "
+        "disagg_router_header_timeouts_total (default %(default)s)",
+    )
+    limits.add_argument(
         "--body-timeout",
         type=float,
         default=d.body_timeout_s,
-        help="seconds a client has to send its whole request body; past it the router answers "
-        "408 and closes the connection (default %(default)s)",
+        help="seconds a client has to send its whole request body, from the end of its headers; "
+        "past it the router answers 408 and closes the connection (default %(default)s)",
     )
     limits.add_argument(
         "--max-concurrent-requests",
@@ -227,12 +254,15 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
         conversation_ttl_s=args.conversation_ttl,
         decode_kv_ttl_s=args.decode_kv_ttl,
         max_conversations=args.max_conversations,
+        max_conversations_per_tenant=args.max_conversations_per_tenant,
+        tenant_conversations=tenant_numbers("--tenant-conversations", args.tenant_conversations),
         idle_timeout_s=args.idle_timeout_s,
         max_body_bytes=args.max_body_bytes,
         body_timeout_s=args.body_timeout,
+        header_timeout_s=args.header_timeout,
         max_concurrent_requests=args.max_concurrent_requests,
         max_requests_per_tenant=args.max_requests_per_tenant,
-        tenant_requests=tenant_requests(args.tenant_requests),
+        tenant_requests=tenant_numbers("--tenant-requests", args.tenant_requests),
         connect_timeout_s=args.connect_timeout,
         prefill_timeout_s=args.prefill_timeout,
         decode_timeout_s=args.decode_timeout,
@@ -247,6 +277,22 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
         client_keys_refresh_s=args.client_keys_refresh,
         engine_key_file=_given(args.engine_key_file, ENGINE_KEY_FILE_ENV, ""),
     ).validate()
+
+
+def tenant_numbers(flag: str, items: list[str]) -> tuple[tuple[str, int], ...]:
+    """``TENANT=N`` items of a repeated flag (``--tenant-requests``, ``--tenant-conversations``)
+    as (tenant, N) pairs, in the order given; raise ``ConfigError`` naming ``flag`` for an item
+    of another shape (``RouterConfig.validate`` judges the tenants and numbers)."""
+    pairs: list[tuple[str, int]] = []
+    for item in items:
+        tenant, sep, number = item.rpartition("=")
+        if not sep or not tenant or not number.strip().isdigit():
+            raise ConfigError(
+                f"{flag}: {item!r} is not TENANT=N (a tenant's name and a number, e.g. "
+                f"{flag} team-a=500)"
+            )
+        pairs.append((tenant, int(number)))
+    return tuple(pairs)
 
 
 @overload

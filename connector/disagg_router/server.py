@@ -10,6 +10,7 @@ import uvicorn
 
 from disagg_router.app import create_app
 from disagg_router.config import RouterConfig
+from disagg_router.header_deadline import header_deadline
 
 KEEP_ALIVE_S = 75
 
@@ -44,8 +45,10 @@ def configure_logging(log_format: str) -> None:
 def run(config: RouterConfig) -> int:
     """Serve until interrupted; return the exit status."""
     configure_logging(config.log_format)
+    app = create_app(config)
     uvicorn.run(
-        create_app(config),
+        app,
+        http=header_deadline(config.header_timeout_s, app.metrics.header_timeouts.inc),
         host=config.host,
         port=config.port,
         log_config=None,

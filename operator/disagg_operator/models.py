@@ -1262,6 +1262,11 @@ class ReuseStatus(ApiModel):
         0, description="Prompt tokens prefill computed on conversation turns."
     )
     leases_held: Count = Field(0, description="Decode retentions the routers hold now.")
+    store_errors: Count = Field(
+        0,
+        description="Conversation store operations that failed (each cost a turn its reuse); "
+        "above zero, check the routers' store (Redis) and disagg_router_store_errors_total.",
+    )
     routers: Count = Field(0, description="Router replicas the figures were summed over.")
     observed_at: Annotated[str, StringConstraints(max_length=64)] | None = Field(
         None,

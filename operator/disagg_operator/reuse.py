@@ -33,7 +33,14 @@ STALE_AFTER = 3
 """Failed readings in a row after which the figures are marked stale (one failure is noise)."""
 CONCURRENCY = 32
 """Routers read at once, over all models."""
-SUMMED_FIELDS = ("turns", "hits", "reused_tokens", "recomputed_tokens", "leases_held")
+SUMMED_FIELDS = (
+    "turns",
+    "hits",
+    "reused_tokens",
+    "recomputed_tokens",
+    "leases_held",
+    "store_errors",
+)
 """The counters of a ReuseSummary that status carries, summed over a model's routers."""
 
 
@@ -120,6 +127,7 @@ def summed(summaries: Sequence[Mapping[str, int]]) -> ReuseStatus:
             "reusedTokens": totals["reused_tokens"],
             "recomputedTokens": totals["recomputed_tokens"],
             "leasesHeld": totals["leases_held"],
+            "storeErrors": totals["store_errors"],
             "routers": len(summaries),
         }
     )

@@ -62,6 +62,7 @@ class RouterStandIn:
             "recomputed_tokens": 100 * (turns - hits),
             "leases_held": leases_held,
             "released": {"superseded": max(turns - leases_held, 0)},
+            "store_errors": 0,
         }
 
     def start(self) -> RouterStandIn:

@@ -10,6 +10,7 @@ import re
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -239,29 +240,33 @@ class RouterProcess:
 
 @contextmanager
 def router_process(prefill: list[str], decode: list[str], *options: str) -> Iterator[RouterProcess]:
-    """``disagg router`` as a separate process (SIGKILLed on exit if still running)."""
+    """``disagg router`` as a separate process (SIGKILLed on exit if still running); its log
+    goes to a file, which no amount of logging fills (a pipe nobody reads would, and block it)."""
     with bind_loopback() as sock:
         port = sock.getsockname()[1]
     command = [
         sys.executable, "-m", "disagg.cli", "router", "--host", "127.0.0.1",
         "--port", str(port), "--prefill", *prefill, "--decode", *decode, *options,
     ]  # fmt: skip
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if process.poll() is not None or time.monotonic() > deadline:
-                process.kill()
-                stderr = process.communicate()[1].decode(errors="replace")
-                raise RuntimeError(f"router process did not become healthy: {stderr[-2000:]}")
-            time.sleep(0.1)
-        yield RouterProcess(url, process)
-    finally:
-        process.kill()
-        process.wait(timeout=10)
+    with tempfile.TemporaryFile() as log:
+        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    if httpx.get(url + "/health", timeout=2).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                if process.poll() is not None or time.monotonic() > deadline:
+                    process.kill()
+                    process.wait(timeout=10)
+                    log.seek(0)
+                    stderr = log.read().decode(errors="replace")
+                    raise RuntimeError(f"router process did not become healthy: {stderr[-2000:]}")
+                time.sleep(0.1)
+            yield RouterProcess(url, process)
+        finally:
+            process.kill()
+            process.wait(timeout=10)

@@ -213,6 +213,7 @@ def test_the_rules_are_alerts_with_a_severity_and_words() -> None:
         "DisaggKvOffersRecomputed",
         "DisaggDecodeKvSaturatedByRetention",
         "DisaggRouterErrors",
+        "DisaggRouterStoreErrors",
     }
 
 

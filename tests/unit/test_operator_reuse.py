@@ -60,6 +60,7 @@ def summary(**counters: int) -> ReuseSummary:
         "recomputed_tokens": 0,
         "leases_held": 0,
         "released": {"idle": 0},
+        "store_errors": 0,
     }
     return cast(ReuseSummary, {**base, **counters})
 
@@ -81,7 +82,7 @@ def test_hit_ratio_is_a_percentage_of_turns(hits: int, turns: int, ratio: str | 
 
 def test_summaries_are_summed_over_routers() -> None:
     one = parse_summary(summary(turns=10, hits=4, reused_tokens=4000, recomputed_tokens=600))
-    two = parse_summary(summary(turns=6, hits=4, reused_tokens=3000, leases_held=3))
+    two = parse_summary(summary(turns=6, hits=4, reused_tokens=3000, leases_held=3, store_errors=2))
     total = summed([one, two])
     assert total.model_dump(exclude_none=True) == {
         "hitRatio": "50.0%",
@@ -90,6 +91,7 @@ def test_summaries_are_summed_over_routers() -> None:
         "reusedTokens": 7000,
         "recomputedTokens": 600,
         "leasesHeld": 3,
+        "storeErrors": 2,
         "routers": 2,
     }
 
@@ -102,6 +104,7 @@ def test_summaries_are_summed_over_routers() -> None:
         ({**summary(), "hits": True}, "hits"),
         ({**summary(), "reused_tokens": 1.5}, "reused_tokens"),
         ({k: v for k, v in summary().items() if k != "leases_held"}, "leases_held"),
+        ({**summary(), "store_errors": None}, "store_errors"),
     ],
 )
 def test_a_router_answer_that_is_not_a_summary_is_refused(payload: object, says: str) -> None:
@@ -120,6 +123,7 @@ def test_the_status_shape_is_short_camel_case_and_admitted_by_the_crd() -> None:
         "reusedTokens": 0,
         "recomputedTokens": 0,
         "leasesHeld": 0,
+        "storeErrors": 0,
         "routers": 1,
         "observedAt": NOW,
     }

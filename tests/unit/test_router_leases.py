@@ -370,6 +370,7 @@ def test_the_reuse_summary_is_open_and_matches_the_metrics(
             "drained": 0,
             "gone": 0,
         },
+        "store_errors": 0,
     }
     assert metric(client, "disagg_router_reuse_turns_total", result="hit") == 1
     assert metric(client, "disagg_router_reuse_turns_total", result="miss") == 1

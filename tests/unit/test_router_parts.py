@@ -115,6 +115,27 @@ def test_request_slots_bound_each_tenant_under_the_whole() -> None:
     assert RequestSlots(3).share("anyone") == 3, "without a share, the whole"
 
 
+def test_tenant_conversations_are_tenant_equals_number_each_tenant_once() -> None:
+    from disagg_router.options import config_from_args
+
+    base = ["router", "--prefill", "http://p:1", "--decode", "http://d:1"]
+    given = ["--tenant-conversations", "team-a=500", "--tenant-conversations", "b=c=7"]
+    config = config_from_args(build_parser().parse_args([*base, *given]))
+    assert config.tenant_conversations == (("team-a", 500), ("b=c", 7))
+    for wrong, says in (
+        (["team-a"], "not TENANT=N"),
+        (["team-a=many"], "not TENANT=N"),
+        (["=5"], "not TENANT=N"),
+        (["a=1", "a=2"], "given twice"),
+        (["a=0"], "positive number"),
+    ):
+        args = [arg for item in wrong for arg in ("--tenant-conversations", item)]
+        with pytest.raises(ConfigError, match=f"--tenant-conversations.*{says}"):
+            config_from_args(build_parser().parse_args([*base, *args]))
+    with pytest.raises(ConfigError, match="--max-conversations-per-tenant"):
+        config_from_args(build_parser().parse_args([*base, "--max-conversations-per-tenant=0"]))
+
+
 def test_building_the_cli_imports_no_server_dependency() -> None:
     probe = (
         "import sys; from disagg.cli import build_parser; build_parser(); "

@@ -4,13 +4,14 @@ answer."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterator
 
 import httpx
 import pytest
 
-from disagg_contract import REDIS_PREFIX_ENV
+from disagg_contract import REDIS_PREFIX_ENV, REUSE_SUMMARY_PATH
 from disagg_router.config import ConfigError, RouterConfig
 from engine_standin import MODEL
 from router_harness import (
@@ -21,6 +22,8 @@ from router_harness import (
     router_process,
     start_engine,
 )
+
+REDIS_TIMEOUT_S = 0.5
 
 
 @pytest.fixture(scope="module")
@@ -132,15 +135,30 @@ def test_unreachable_store_degrades_to_no_reuse(rig: RouterRig) -> None:
         assert metric(client, "disagg_router_store_errors_total", operation="begin_turn") == 1
 
 
+def test_a_stopped_redis_shows_in_the_store_error_counter_and_the_reuse_summary(
+    rig: RouterRig,
+) -> None:
+    messages = [{"role": "user", "content": "before the store stops"}]
+    with redis_server() as url:
+        router = rig.start_router(store="redis", redis_url=url, redis_timeout_s=REDIS_TIMEOUT_S)
+        turn(router.url, messages, "c")
+        with httpx.Client(base_url=router.url, timeout=10) as client:
+            assert client.get(REUSE_SUMMARY_PATH).json()["store_errors"] == 0
+    turn(router.url, messages, "c")
+    with httpx.Client(base_url=router.url, timeout=10) as client:
+        assert metric(client, "disagg_router_store_errors_total", operation="begin_turn") == 1
+        assert metric(client, "disagg_router_conversation_lookups_total", result="hit") == 0
+        summary = client.get(REUSE_SUMMARY_PATH).json()
+    assert summary["store_errors"] == 1, summary
+    assert summary["turns"] == 2, "the turn was answered, without reuse"
+
+
 @pytest.fixture
 def black_hole() -> Iterator[str]:
     """A Redis URL whose listener accepts connections (the kernel's backlog) and never answers."""
     with bind_loopback() as sock:
         sock.listen(1024)
         yield f"redis://127.0.0.1:{sock.getsockname()[1]}/0"
-
-
-REDIS_TIMEOUT_S = 0.5
 
 
 def test_a_black_holed_redis_makes_each_turn_a_miss_within_the_timeout(
@@ -170,3 +188,47 @@ def test_the_redis_timeout_is_a_positive_number_of_seconds() -> None:
         RouterConfig(urls, urls, redis_timeout_s=0).validate()
     with pytest.raises(ConfigError, match="--redis-prefix"):
         RouterConfig(urls, urls, redis_prefix="").validate()
+
+
+CONCURRENT_STREAMS = 256
+
+
+async def streamed_turns(url: str, round_name: str) -> list[int]:
+    """One streamed turn of each of ``CONCURRENT_STREAMS`` conversations, all at once; the
+    status of each."""
+
+    async def one(client: httpx.AsyncClient, index: int) -> int:
+        body = {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": f"{round_name} {index}"}],
+            "conversation_id": f"conv-{index}",
+            "stream": True,
+        }
+        async with client.stream("POST", "/v1/chat/completions", json=body) as response:
+            async for _ in response.aiter_bytes():
+                pass
+            return response.status_code
+
+    limits = httpx.Limits(max_connections=CONCURRENT_STREAMS)
+    async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits) as client:
+        return await asyncio.gather(*(one(client, i) for i in range(CONCURRENT_STREAMS)))
+
+
+def test_256_concurrent_streams_meet_no_store_error_with_the_default_settings(
+    rig: RouterRig, redis_url: str
+) -> None:
+    for engine in rig.prefill + rig.decode:
+        engine.state.record = False
+    for engine in rig.decode:
+        engine.state.token_delay_s = 0.05  # every stream still open when the last one starts
+    prefill, decode = [e.url for e in rig.prefill], [e.url for e in rig.decode]
+    options = ("--store", "redis", "--redis-url", redis_url, "--redis-prefix", "streams:")
+    with router_process(prefill, decode, *options) as router:
+        for round_name in ("first", "second"):
+            statuses = asyncio.run(streamed_turns(router.url, round_name))
+            assert statuses == [200] * CONCURRENT_STREAMS
+        with httpx.Client(base_url=router.url, timeout=10) as client:
+            errors = metric(client, "disagg_router_store_errors_total", operation="begin_turn")
+            errors += metric(client, "disagg_router_store_errors_total", operation="commit")
+            assert errors == 0
+            assert hits(router.url) == CONCURRENT_STREAMS, "every second turn read its KV back"

@@ -8,9 +8,17 @@ from collections.abc import Awaitable, Callable, Iterator
 
 import pytest
 
-from disagg_router.auth import OPEN_TENANT, Client, KeyGuard, OpenGuard
-from disagg_router.conversation import Lookup, TurnEntry, conversation_key
-from disagg_router.stores import ConversationStore
+from disagg_router.auth import OPEN_TENANT, Client, KeyGuard, OpenGuard, tenant_scope
+from disagg_router.config import RouterConfig
+from disagg_router.conversation import (
+    Lookup,
+    TenantShares,
+    TurnEntry,
+    conversation_key,
+    scope_tag,
+    split_key,
+)
+from disagg_router.stores import ConversationStore, tenant_shares
 from disagg_router.stores.memory_store import MemoryStore
 from disagg_router.stores.redis_store import RedisStore
 from disagg_router.tenants import TenantKeys
@@ -31,7 +39,7 @@ def make_store(request: pytest.FixtureRequest) -> StoreFactory:
         return lambda: MemoryStore(max_conversations=100)
     url = request.getfixturevalue("redis_url")
     prefix = f"test:{request.node.name}:{time.monotonic_ns()}:"
-    return lambda: RedisStore(url, prefix, ttl_s=60, timeout_s=2.0)
+    return lambda: RedisStore(url, prefix, 60, 2.0, max_connections=8, shares=TenantShares(100))
 
 
 def run(make_store: StoreFactory, scenario: Callable[[ConversationStore], Awaitable[None]]) -> None:
@@ -223,3 +231,107 @@ def test_conversation_key_is_scoped_by_tenant_or_open_token() -> None:
     assert open_guard.admit(scope(None)) == Client(OPEN_TENANT, "")
     assert conversation_key("c", "tenant:a") != conversation_key("c", "tenant:b")
     assert conversation_key("c", "") != conversation_key("d", "")
+
+
+FLOOD = 20_000
+SHARE = 100
+BATCH = 500
+"""Fresh ids begun and opened at once, so that the Redis flood takes seconds, not minutes (the
+last one alone after them, so that it is the most recently used)."""
+
+SharedStoreFactory = Callable[[TenantShares, list[str]], ConversationStore]
+
+
+@pytest.fixture(params=["memory", "redis"])
+def make_shared_store(request: pytest.FixtureRequest) -> SharedStoreFactory:
+    """A store with ``shares`` that appends each key it evicts to the list given."""
+    if request.param == "memory":
+        return lambda shares, evicted: MemoryStore(10 * SHARE, evicted.append, shares)
+    url = request.getfixturevalue("redis_url")
+    prefix = f"test:{request.node.name}:{time.monotonic_ns()}:"
+    return lambda shares, evicted: RedisStore(
+        url, prefix, 60, 5.0, max_connections=BATCH, shares=shares, on_evict=evicted.append
+    )
+
+
+def key_of(tenant: str, conversation: str) -> str:
+    return conversation_key(conversation, tenant_scope(tenant))
+
+
+async def accepted_turn(store: ConversationStore, key: str) -> int:
+    """A turn as the proxy runs one that prefill accepted: begun, and opened when the store did
+    not hold its conversation; its sequence."""
+    return (await store.begin_turn(key)).seq or await store.open_turn(key)
+
+
+def test_a_tenant_flooding_fresh_ids_evicts_only_its_own_conversations(
+    make_shared_store: SharedStoreFactory,
+) -> None:
+    async def main() -> None:
+        evicted: list[str] = []
+        store = make_shared_store(TenantShares(SHARE), evicted)
+        try:
+            bob = [key_of("bob", f"b{i}") for i in range(10)]
+            for key in bob:
+                assert await store.commit(key, entry(await accepted_turn(store, key)))
+            refused = [key_of("alice", f"refused{i}") for i in range(BATCH)]
+            starts = await asyncio.gather(*(store.begin_turn(key) for key in refused))
+            assert {start.seq for start in starts} == {0} and evicted == [], "nothing stored"
+            for start in range(0, FLOOD - 1, BATCH):
+                ids = range(start, min(start + BATCH, FLOOD - 1))
+                keys = [key_of("alice", f"a{i}") for i in ids]
+                await asyncio.gather(*(accepted_turn(store, key) for key in keys))
+            await accepted_turn(store, key_of("alice", f"a{FLOOD - 1}"))
+            for key in bob:
+                assert (await store.begin_turn(key)).lookup is Lookup.HIT, "bob's stayed"
+            alice = scope_tag(tenant_scope("alice"))
+            assert len(evicted) == FLOOD - SHARE
+            assert {split_key(key)[0] for key in evicted} == {alice}
+            kept = await store.forget(key_of("alice", f"a{FLOOD - 1}"))
+            assert kept[0], "alice's most recent conversation is still there"
+        finally:
+            await store.close()
+
+    asyncio.run(main())
+
+
+def test_a_tenant_of_its_own_share_is_bounded_by_it(make_shared_store: SharedStoreFactory) -> None:
+    async def main() -> None:
+        evicted: list[str] = []
+        config = RouterConfig(tenant_conversations=(("alice", 2),), max_conversations_per_tenant=3)
+        store = make_shared_store(tenant_shares(config), evicted)
+        try:
+            for tenant in ("alice", "bob"):
+                for index in range(4):
+                    assert (await store.begin_turn(key_of(tenant, f"c{index}"))).seq == 0
+            assert evicted == [], "turns that only began take no room in a share"
+            for tenant in ("alice", "bob"):
+                for index in range(4):
+                    assert await store.open_turn(key_of(tenant, f"c{index}")) == 1
+            assert evicted == [key_of("alice", "c0"), key_of("alice", "c1"), key_of("bob", "c0")]
+            for index in range(10):
+                assert (await store.begin_turn(key_of("alice", f"new{index}"))).seq == 0
+            assert len(evicted) == 3, "nor do they once the share is full"
+            for index in (2, 3):
+                assert (await store.begin_turn(key_of("alice", f"c{index}"))).seq == 2
+        finally:
+            await store.close()
+
+    asyncio.run(main())
+
+
+def test_the_memory_stores_bound_over_all_tenants_takes_from_the_largest() -> None:
+    async def main() -> None:
+        evicted: list[str] = []
+        store = MemoryStore(4, evicted.append, TenantShares(4))
+        for index in range(3):
+            await store.open_turn(key_of("alice", f"a{index}"))
+        await store.open_turn(key_of("bob", "b0"))
+        assert (await store.begin_turn(key_of("bob", "b1"))).seq == 0 and evicted == []
+        await store.open_turn(key_of("bob", "b1"))
+        assert evicted == [key_of("alice", "a0")], "alice held the most"
+        await store.open_turn(key_of("carol", "c0"))
+        assert evicted[1:] == [key_of("alice", "a1")], "on a tie, the least recently used"
+        assert len(store) == 4
+
+    asyncio.run(main())

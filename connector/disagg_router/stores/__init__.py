@@ -23,8 +23,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
+from disagg_router.auth import tenant_scope
 from disagg_router.config import RouterConfig, StoreKind
-from disagg_router.conversation import TurnEntry, TurnStart
+from disagg_router.conversation import TenantShares, TurnEntry, TurnStart, scope_tag
+
+REDIS_SPARE_CONNECTIONS = 16
+"""Redis connections beyond one per request slot: the lease book's drops, a client's DELETE of a
+conversation and the health check use the store outside the slots."""
 
 
 class ConversationStore(Protocol):
@@ -64,11 +69,19 @@ class ConversationStore(Protocol):
         ...
 
 
+def tenant_shares(config: RouterConfig) -> TenantShares:
+    """Each tenant's bound on its conversations: ``--tenant-conversations``, else
+    ``--max-conversations-per-tenant``."""
+    overrides = {scope_tag(tenant_scope(t)): n for t, n in config.tenant_conversations}
+    return TenantShares(config.max_conversations_per_tenant, overrides)
+
+
 def build_store(
     config: RouterConfig, on_evict: Callable[[str], None] | None = None
 ) -> ConversationStore:
-    """Instantiate the store ``config`` names (lazy import of the Redis client); the in-memory
-    store calls ``on_evict`` with the key of each conversation it evicts for room."""
+    """Instantiate the store ``config`` names (lazy import of the Redis client); a store calls
+    ``on_evict`` with the key of each conversation it evicts for room."""
+    shares = tenant_shares(config)
     if config.store == StoreKind.REDIS:
         from disagg_router.stores.redis_store import RedisStore
 
@@ -77,7 +90,10 @@ def build_store(
             config.redis_prefix,
             config.conversation_ttl_s,
             config.redis_timeout_s,
+            config.max_concurrent_requests + REDIS_SPARE_CONNECTIONS,
+            shares,
+            on_evict,
         )
     from disagg_router.stores.memory_store import MemoryStore
 
-    return MemoryStore(config.max_conversations, on_evict)
+    return MemoryStore(config.max_conversations, on_evict, shares)

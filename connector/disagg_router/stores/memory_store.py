@@ -1,4 +1,12 @@
-"""In-memory conversation store: bounded, least-recently-used eviction, per-entry expiry.
+"""In-memory conversation store: bounded per tenant and in all, least-recently-used eviction,
+per-entry expiry.
+
+Each scope (tenant) keeps its conversations in an LRU of its own, bounded by its share
+(:class:`TenantShares`): a tenant opening its share-plus-first conversation (``open_turn``)
+evicts its own least recently used one. When all scopes together reach ``max_conversations``,
+the scope holding the most gives up its least recently used one (of scopes as large, the one
+whose least recently used conversation is the oldest), so a tenant flooding the store with
+fresh ids evicts only its own conversations.
 
 Entries are kept serialized: decode's block-id lists are several times smaller as JSON text
 than as Python lists (benchmarks/README.md, router section, has the sizes).
@@ -10,7 +18,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from disagg_router.conversation import Lookup, TurnEntry, TurnStart
+from disagg_router.conversation import Lookup, TenantShares, TurnEntry, TurnStart
 
 
 @dataclass
@@ -19,6 +27,8 @@ class _Conversation:
     committed: int = 0
     entry: bytes | None = None
     decode_url: str | None = None
+    used: int = 0
+    """When it was last used, in the store's own count of uses."""
 
 
 def _nothing(key: str) -> None:
@@ -26,36 +36,69 @@ def _nothing(key: str) -> None:
 
 
 class MemoryStore:
-    """Store for a single router replica; holds at most ``max_conversations`` conversations
-    and calls ``on_evict`` with the key of each one it evicts for room."""
+    """Store for a single router replica; holds at most ``max_conversations`` conversations, of
+    each scope at most its share (without ``shares``, ``max_conversations``), and calls
+    ``on_evict`` with the key of each one it evicts for room."""
 
     def __init__(
-        self, max_conversations: int, on_evict: Callable[[str], None] | None = None
+        self,
+        max_conversations: int,
+        on_evict: Callable[[str], None] | None = None,
+        shares: TenantShares | None = None,
     ) -> None:
         self._max = max_conversations
         self._on_evict = on_evict or _nothing
-        self._items: OrderedDict[str, _Conversation] = OrderedDict()
+        self._shares = shares or TenantShares(max_conversations)
+        self._scopes: dict[str, OrderedDict[str, _Conversation]] = {}
+        self._count = 0
+        self._uses = 0
 
     def __len__(self) -> int:
-        return len(self._items)
+        return self._count
+
+    def _get(self, key: str) -> _Conversation | None:
+        scope = self._scopes.get(self._shares.of(key)[0])
+        return scope.get(key) if scope is not None else None
 
     def _touch(self, key: str) -> _Conversation:
-        conv = self._items.get(key)
-        if conv is None:
-            conv = self._items[key] = _Conversation()
-            while len(self._items) > self._max:
-                self._on_evict(self._items.popitem(last=False)[0])
-        else:
-            self._items.move_to_end(key)
+        tag, share = self._shares.of(key)
+        scope = self._scopes.setdefault(tag, OrderedDict())
+        self._uses += 1
+        conv = scope.get(key)
+        if conv is not None:
+            scope.move_to_end(key)
+            conv.used = self._uses
+            return conv
+        conv = scope[key] = _Conversation(used=self._uses)
+        self._count += 1
+        while len(scope) > share:
+            self._evict(tag, scope)
+        while self._count > self._max:
+            self._evict(*self._largest_but(tag))
         return conv
+
+    def _largest_but(self, tag: str) -> tuple[str, OrderedDict[str, _Conversation]]:
+        """The scope holding the most conversations (on a tie ``tag``'s, the one adding, then
+        the one whose least recently used conversation is the oldest), leaving out ``tag``'s
+        when it holds only the conversation being added."""
+        return max(
+            ((t, s) for t, s in self._scopes.items() if t != tag or len(s) > 1),
+            key=lambda item: (len(item[1]), item[0] == tag, -next(iter(item[1].values())).used),
+        )
+
+    def _evict(self, tag: str, scope: OrderedDict[str, _Conversation]) -> None:
+        key = scope.popitem(last=False)[0]
+        self._count -= 1
+        if not scope:
+            del self._scopes[tag]
+        self._on_evict(key)
 
     async def begin_turn(self, key: str) -> TurnStart:
         """Number a new turn and take the conversation's entry, if any; sequence 0 (nothing
         stored) for a conversation the store does not hold."""
-        conv = self._items.get(key)
-        if conv is None:
+        if self._get(key) is None:
             return TurnStart(0, None, Lookup.MISS, None)
-        self._items.move_to_end(key)
+        conv = self._touch(key)
         conv.seq += 1
         raw, conv.entry = conv.entry, None
         if raw is None:
@@ -66,8 +109,8 @@ class MemoryStore:
         return TurnStart(conv.seq, entry, Lookup.HIT, conv.decode_url)
 
     async def open_turn(self, key: str) -> int:
-        """Number a turn that began with sequence 0, storing its conversation (which may evict
-        the least recently used one)."""
+        """Number a turn that began with sequence 0, storing its conversation in its scope's
+        share (which may evict the scope's least recently used one)."""
         conv = self._touch(key)
         conv.seq += 1
         return conv.seq
@@ -84,7 +127,7 @@ class MemoryStore:
 
     async def restore(self, key: str, entry: TurnEntry) -> bool:
         """Put back an entry taken by a failed turn, if nothing newer was committed."""
-        conv = self._items.get(key)
+        conv = self._get(key)
         if conv is None or conv.entry is not None or conv.committed != entry.seq:
             return False
         conv.entry = entry.to_json().encode()
@@ -92,7 +135,7 @@ class MemoryStore:
 
     async def drop(self, key: str, seq: int) -> bool:
         """Remove the entry turn ``seq`` committed, if it is still there untaken."""
-        conv = self._items.get(key)
+        conv = self._get(key)
         if conv is None or conv.entry is None or conv.committed != seq:
             return False
         conv.entry = None
@@ -100,9 +143,14 @@ class MemoryStore:
 
     async def forget(self, key: str) -> tuple[bool, TurnEntry | None]:
         """Remove the conversation; whether it was known, and its entry."""
-        conv = self._items.pop(key, None)
+        tag = self._shares.of(key)[0]
+        scope = self._scopes.get(tag)
+        conv = scope.pop(key, None) if scope is not None else None
         if conv is None:
             return False, None
+        self._count -= 1
+        if not scope:
+            del self._scopes[tag]
         return True, TurnEntry.from_json(conv.entry) if conv.entry is not None else None
 
     async def check(self) -> None:
@@ -110,4 +158,5 @@ class MemoryStore:
 
     async def close(self) -> None:
         """Drop all conversations."""
-        self._items.clear()
+        self._scopes.clear()
+        self._count = 0

@@ -1,45 +1,89 @@
 """Conversation store on the Redis protocol (Redis or Valkey), shared by router replicas.
 
 One hash per conversation (fields ``seq``, ``committed``, ``entry``, ``decode``); each
-operation is one Lua script, so it is atomic across routers and costs one round trip. Each
+operation is one Lua script, so it is atomic across routers and costs one round trip. Each scope
+(tenant) has an index, a sorted set of its conversations by last use: a turn that opens a
+conversation past the scope's share (:class:`TenantShares`) deletes the scope's least recently
+used conversations, never another scope's (beginning a turn of a conversation Redis does not
+hold touches neither the hash nor the index); the router whose turn deleted them releases the leases
+it held for them (another router's lapse at its idle timeout). A
+conversation's hash lives at ``<prefix>{<scope tag>}.<digest>`` and its scope's index at
+``<prefix>{<scope tag>}``: one hash slot per scope, should the Redis be a cluster. Each
 operation, connecting and the client's own retries included, ends within ``timeout_s``: a Redis
 that accepts connections and never answers turns a turn into a miss, not a hang.
+
+The connection pool holds up to ``max_connections`` (``build_store`` sizes it from the router's
+request slots, so that every turn in flight can hold one) and a call that finds none free waits
+for one within the same deadline, instead of failing at once as redis-py's default pool (100
+connections) does under load.
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
 import redis.asyncio as aioredis
 
-from disagg_router.conversation import Lookup, TurnEntry, TurnStart
+from disagg_router.conversation import Lookup, TenantShares, TurnEntry, TurnStart, split_key
 
-_BEGIN = """
-if redis.call('EXISTS', KEYS[1]) == 0 then return {0} end
+_TOUCH = """
+local function touch(keep, now, share, digest)
+  redis.call('ZADD', KEYS[2], now, digest)
+  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now - keep)
+  redis.call('EXPIRE', KEYS[2], keep)
+  local over = redis.call('ZCARD', KEYS[2]) - tonumber(share)
+  local evicted = {}
+  if over > 0 then
+    local oldest = redis.call('ZPOPMIN', KEYS[2], over)
+    for i = 1, #oldest, 2 do
+      redis.call('DEL', KEYS[2] .. '.' .. oldest[i])
+      evicted[#evicted + 1] = oldest[i]
+    end
+  end
+  return evicted
+end
+"""
+"""Mark the conversation used now in its scope's index, forget the index's members whose hash
+has expired, and delete the scope's least recently used conversations past its share; the
+digests of those deleted."""
+
+_BEGIN = (
+    _TOUCH
+    + """
+if redis.call('EXISTS', KEYS[1]) == 0 then return {0, false, false, {}} end
 local seq = redis.call('HINCRBY', KEYS[1], 'seq', 1)
 local entry = redis.call('HGET', KEYS[1], 'entry')
 if entry then redis.call('HDEL', KEYS[1], 'entry') end
 redis.call('EXPIRE', KEYS[1], ARGV[1])
-return {seq, entry, redis.call('HGET', KEYS[1], 'decode')}
+local evicted = touch(ARGV[1], ARGV[2], ARGV[3], ARGV[4])
+return {seq, entry, redis.call('HGET', KEYS[1], 'decode'), evicted}
 """
+)
 
-_OPEN = """
+_OPEN = (
+    _TOUCH
+    + """
 local seq = redis.call('HINCRBY', KEYS[1], 'seq', 1)
 redis.call('EXPIRE', KEYS[1], ARGV[1])
-return seq
+return {seq, touch(ARGV[1], ARGV[2], ARGV[3], ARGV[4])}
 """
+)
 
-_COMMIT = """
+_COMMIT = (
+    _TOUCH
+    + """
 local committed = tonumber(redis.call('HGET', KEYS[1], 'committed') or '0')
-if tonumber(ARGV[1]) <= committed then return 0 end
-redis.call('HSET', KEYS[1], 'committed', ARGV[1], 'entry', ARGV[2], 'decode', ARGV[4])
-redis.call('EXPIRE', KEYS[1], ARGV[3])
-return 1
+if tonumber(ARGV[5]) <= committed then return {0, {}} end
+redis.call('HSET', KEYS[1], 'committed', ARGV[5], 'entry', ARGV[6], 'decode', ARGV[7])
+redis.call('EXPIRE', KEYS[1], ARGV[1])
+return {1, touch(ARGV[1], ARGV[2], ARGV[3], ARGV[4])}
 """
+)
 
 _RESTORE = """
 if redis.call('HEXISTS', KEYS[1], 'entry') == 1 then return 0 end
@@ -61,20 +105,43 @@ _FORGET = """
 local known = redis.call('EXISTS', KEYS[1])
 local entry = redis.call('HGET', KEYS[1], 'entry')
 redis.call('DEL', KEYS[1])
+redis.call('ZREM', KEYS[2], ARGV[1])
 return {known, entry}
 """
 
 
-class RedisStore:
-    """Store shared through Redis; conversation state lives twice the entry TTL."""
+def _ignore(key: str) -> None:
+    pass
 
-    def __init__(self, url: str, prefix: str, ttl_s: float, timeout_s: float) -> None:
-        self._redis: Any = aioredis.Redis.from_url(
-            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s
+
+class RedisStore:
+    """Store shared through Redis; conversation state lives twice the entry TTL. Each scope
+    keeps at most its share of conversations (``shares``; ``on_evict`` gets the key of each one
+    this router's turns evict)."""
+
+    def __init__(
+        self,
+        url: str,
+        prefix: str,
+        ttl_s: float,
+        timeout_s: float,
+        max_connections: int,
+        shares: TenantShares,
+        on_evict: Callable[[str], None] | None = None,
+    ) -> None:
+        pool = aioredis.BlockingConnectionPool.from_url(
+            url,
+            max_connections=max_connections,
+            timeout=timeout_s,
+            socket_timeout=timeout_s,
+            socket_connect_timeout=timeout_s,
         )
+        self._redis: Any = aioredis.Redis.from_pool(pool)
         self._timeout_s = timeout_s
         self._prefix = prefix
         self._keep_s = max(1, math.ceil(2 * ttl_s))
+        self._shares = shares
+        self._on_evict = on_evict or _ignore
         self._begin = self._redis.register_script(_BEGIN)
         self._open = self._redis.register_script(_OPEN)
         self._commit = self._redis.register_script(_COMMIT)
@@ -93,49 +160,70 @@ class RedisStore:
                 f"Redis did not answer within {self._timeout_s:g} s (--redis-timeout)"
             ) from None
 
+    def _keys(self, key: str) -> list[str]:
+        """The Redis keys of conversation ``key``: its hash, and its scope's index."""
+        tag, digest = split_key(key)
+        index = f"{self._prefix}{{{tag}}}"
+        return [f"{index}.{digest}", index]
+
+    def _touch_args(self, key: str) -> list[str | int | float]:
+        """What the scripts' ``touch`` needs: keep, now, the scope's share, the digest."""
+        share = self._shares.of(key)[1]
+        return [self._keep_s, time.time(), share, split_key(key)[1]]
+
+    def _evicted(self, key: str, digests: list[bytes]) -> None:
+        """Report the conversations of ``key``'s scope that a script deleted for room."""
+        tag = split_key(key)[0]
+        for digest in digests:
+            self._on_evict(f"{tag}.{digest.decode()}")
+
     async def begin_turn(self, key: str) -> TurnStart:
         """Number a new turn and take the conversation's entry, if any; sequence 0 (nothing
         stored) for a conversation Redis does not hold."""
         async with self._deadline():
-            reply = await self._begin(keys=[self._prefix + key], args=[self._keep_s])
-        seq = int(reply[0])
-        raw = reply[1] if len(reply) > 1 else None
-        decode = reply[2].decode() if len(reply) > 2 and reply[2] is not None else None
+            reply = await self._begin(keys=self._keys(key), args=self._touch_args(key))
+        seq, raw, previous, evicted = reply
+        self._evicted(key, evicted)
+        decode = previous.decode() if previous is not None else None
         if raw is None:
-            return TurnStart(seq, None, Lookup.MISS, decode)
+            return TurnStart(int(seq), None, Lookup.MISS, decode)
         entry = TurnEntry.from_json(raw)
         if entry.expired():
-            return TurnStart(seq, None, Lookup.EXPIRED, decode)
-        return TurnStart(seq, entry, Lookup.HIT, decode)
+            return TurnStart(int(seq), None, Lookup.EXPIRED, decode)
+        return TurnStart(int(seq), entry, Lookup.HIT, decode)
 
     async def open_turn(self, key: str) -> int:
-        """Number a turn that began with sequence 0, storing its conversation."""
+        """Number a turn that began with sequence 0, storing its conversation in its scope's
+        index (which may delete the scope's least recently used ones past its share)."""
         async with self._deadline():
-            return int(await self._open(keys=[self._prefix + key], args=[self._keep_s]))
+            seq, evicted = await self._open(keys=self._keys(key), args=self._touch_args(key))
+        self._evicted(key, evicted)
+        return int(seq)
 
     async def commit(self, key: str, entry: TurnEntry) -> bool:
         """Store ``entry`` unless a later-started turn already committed."""
-        args: list[str | int] = [entry.seq, entry.to_json(), self._keep_s, entry.decode_url]
+        args = [*self._touch_args(key), entry.seq, entry.to_json(), entry.decode_url]
         async with self._deadline():
-            return bool(await self._commit(keys=[self._prefix + key], args=args))
+            stored, evicted = await self._commit(keys=self._keys(key), args=args)
+        self._evicted(key, evicted)
+        return bool(stored)
 
     async def restore(self, key: str, entry: TurnEntry) -> bool:
         """Put back an entry taken by a failed turn, if nothing newer was committed."""
         args: list[str | int] = [entry.seq, entry.to_json()]
         async with self._deadline():
-            return bool(await self._restore(keys=[self._prefix + key], args=args))
+            return bool(await self._restore(keys=self._keys(key)[:1], args=args))
 
     async def drop(self, key: str, seq: int) -> bool:
         """Remove the entry turn ``seq`` committed, if it is still there untaken."""
         async with self._deadline():
-            return bool(await self._drop(keys=[self._prefix + key], args=[seq]))
+            return bool(await self._drop(keys=self._keys(key)[:1], args=[seq]))
 
     async def forget(self, key: str) -> tuple[bool, TurnEntry | None]:
         """Remove the conversation; whether it was known, and its entry."""
         async with self._deadline():
-            reply = await self._forget(keys=[self._prefix + key], args=[])
-        raw = reply[1] if len(reply) > 1 else None
-        return bool(reply[0]), TurnEntry.from_json(raw) if raw is not None else None
+            known, raw = await self._forget(keys=self._keys(key), args=[split_key(key)[1]])
+        return bool(known), TurnEntry.from_json(raw) if raw is not None else None
 
     async def check(self) -> None:
         """Raise if Redis does not answer a PING within the timeout."""
