@@ -34,6 +34,11 @@ if [[ ! -f "$STAMP" ]]; then
     touch "$STAMP"
 fi
 
+# libfaketime: the restart-replay test runs a decode whose wall clock is skewed (Debian's package).
+if [[ ! -e /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 ]]; then
+    apt-get update -qq && apt-get install -y -qq libfaketime >/dev/null
+fi
+
 # Install from a clean copy of the package sources: an in-tree build could ship stale modules.
 SRC=$(mktemp -d)
 trap 'rm -rf "$SRC"' EXIT
