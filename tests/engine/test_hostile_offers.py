@@ -65,11 +65,9 @@ class Answer:
     logprobs: list[float]
 
 
-def ask_prefill(
-    prefill: EngineServer, prompt: list[int], params: Any, *, raw: str | None = None
-) -> Answer:
-    """The attacker's request: its prompt and ``params``, greedy, a few tokens."""
-    body = {
+def request_body(prompt: list[int], params: Any, **extra: Any) -> dict[str, Any]:
+    """A greedy completion of ``prompt`` with ``params``, a few tokens and their logprobs."""
+    return {
         "model": MODEL_NAME,
         "prompt": prompt,
         "max_tokens": ATTACK_TOKENS,
@@ -78,7 +76,15 @@ def ask_prefill(
         "logprobs": 1,
         "return_token_ids": True,
         "kv_transfer_params": params,
+        **extra,
     }
+
+
+def ask_prefill(
+    prefill: EngineServer, prompt: list[int], params: Any, *, raw: str | None = None
+) -> Answer:
+    """The attacker's request: its prompt and ``params``, greedy, a few tokens."""
+    body = request_body(prompt, params)
     content = json.dumps(body) if raw is None else json.dumps(body).replace('"__RAW__"', raw)
     response = httpx.post(
         prefill.url + "/v1/completions",
@@ -252,17 +258,7 @@ def test_an_offer_past_its_expiry_is_refused_by_decodes_claim(
 
 def completion(server: EngineServer, prompt: list[int], params: Any, **extra: Any) -> Any:
     """``server``'s whole JSON answer to a greedy completion of ``prompt``."""
-    body = {
-        "model": MODEL_NAME,
-        "prompt": prompt,
-        "max_tokens": ATTACK_TOKENS,
-        "temperature": 0.0,
-        "ignore_eos": True,
-        "logprobs": 1,
-        "return_token_ids": True,
-        "kv_transfer_params": params,
-        **extra,
-    }
+    body = request_body(prompt, params, **extra)
     response = httpx.post(server.url + "/v1/completions", json=body, timeout=120)
     response.raise_for_status()
     return response.json()

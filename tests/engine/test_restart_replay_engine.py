@@ -1,7 +1,7 @@
 """Offers replayed across a restart of their reader or their issuer, with skewed clocks (issue 28).
 
 Decode's wall clock runs 120 s ahead of, or behind, prefill's (libfaketime on the decode
-process, its monotonic clock left alone). A conversation's turn is read back once; then the
+process). A conversation's turn is read back once; then the
 same offer is replayed straight to prefill after prefill restarted (a new incarnation, whose
 table of spent offers is empty), and again after decode restarted (the retention is gone with
 the old process). Each replay must be refused and answered as a recompute, whatever the skew:
@@ -10,20 +10,19 @@ prefill compares none of decode's times with its own; decode's claim decides, on
 
 from __future__ import annotations
 
-import copy
 import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from conftest import DECODE_CORE, MODEL_DIR, PREFILL_CORE, Rig
-from conversations import LOGPROB_TOLERANCE, tokenizer, user_text
-from disagg.rig.engine import MODEL_NAME, EngineServer, ServerSpec, start_all
+from conversations import tokenizer, user_text
+from disagg.rig.engine import EngineServer, ServerSpec, start_all
 from disagg_contract import Role
 from driver import Conversation, PDDriver
+from test_hostile_offers import as_sent_to_prefill, ask_prefill, assert_recompute
 
 pytestmark = pytest.mark.engine
 
@@ -32,14 +31,16 @@ ANSWER_TOKENS = 8
 
 
 def skewed(rig: Rig, name: str, port: int, side_channel: int, skew: str) -> EngineServer:
-    """A decode whose wall clock is ``skew`` (libfaketime's "+120s" or "-120s") off."""
+    """A decode whose wall clock is ``skew`` (libfaketime's "+120s" or "-120s") off.
+
+    Its monotonic clock moves by the same constant (libfaketime cannot leave it alone without
+    breaking Python's timed waits), which changes no duration the engine measures."""
     assert FAKETIME.exists(), "tests/engine/setup_env.sh installs libfaketime"
     server = rig.decode_server(ServerSpec(name, Role.DECODE, port, side_channel, DECODE_CORE))
     server.env.update(
         {
             "LD_PRELOAD": str(FAKETIME),
             "FAKETIME": skew,
-            "FAKETIME_DONT_FAKE_MONOTONIC": "1",
             "FAKETIME_DONT_RESET": "1",
         }
     )
@@ -68,34 +69,13 @@ def restart(server: EngineServer) -> None:
     start_all([server])
 
 
-def ask(server: EngineServer, prompt: list[int], params: Any) -> tuple[list[int], list[float]]:
-    body = {
-        "model": MODEL_NAME,
-        "prompt": prompt,
-        "max_tokens": ANSWER_TOKENS,
-        "temperature": 0.0,
-        "ignore_eos": True,
-        "logprobs": 1,
-        "return_token_ids": True,
-        "kv_transfer_params": params,
-    }
-    response = httpx.post(server.url + "/v1/completions", json=body, timeout=120)
-    response.raise_for_status()
-    choice = response.json()["choices"][0]
-    return choice["token_ids"], choice["logprobs"]["token_logprobs"]
-
-
 def replay_is_refused(
     prefill: EngineServer, history: list[int], offer: dict[str, Any], rig: Rig
 ) -> None:
     """The offer sent again to prefill: answered as a recompute, its claim refused."""
-    recompute = ask(rig.off.prefill, history, None)
+    recompute = ask_prefill(rig.off.prefill, history, None)
     before = len(prefill.log_text())
-    replay = copy.deepcopy({**offer, "do_remote_decode": True, "do_remote_prefill": False})
-    tokens, logprobs = ask(prefill, history, replay)
-    assert tokens == recompute[0]
-    for got, want in zip(logprobs, recompute[1], strict=True):
-        assert abs(got - want) <= LOGPROB_TOLERANCE
+    assert_recompute(ask_prefill(prefill, history, as_sent_to_prefill(offer)), recompute, "replay")
     log = prefill.log_text()[before:]
     assert re.search(r"Claim of the D->P offer for \S+ refused", log), log[-2000:]
     assert "D->P reuse" not in log or re.search(r"reading 0 tokens", log), log[-2000:]
