@@ -217,6 +217,9 @@ class ReleaseReason(enum.StrEnum):
 DEFAULT_IDLE_TIMEOUT_S = 120
 """Seconds without a turn after which a conversation's retained KV is released."""
 
+ROUTER_HEADER_TIMEOUT_S = 10
+"""Seconds a client has to send a request's line and headers (``--header-timeout``)."""
+
 
 def renewal_period_s(idle_timeout_s: float) -> float:
     """How often the router renews the leases of open conversations (and checks idleness)."""

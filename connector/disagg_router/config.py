@@ -14,6 +14,7 @@ from disagg_contract import (
     ENGINE_KEY_FILE_ENV,
     EXPIRY_MARGIN_S,
     ROUTER_API_KEY_ENV,
+    ROUTER_HEADER_TIMEOUT_S,
     ROUTER_PORT,
 )
 from disagg_router.tenants import key_problem, load_tenants, read_key_file
@@ -63,7 +64,7 @@ class RouterConfig:
     idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S
     max_body_bytes: int = 16 * 1024 * 1024
     body_timeout_s: float = 30.0
-    header_timeout_s: float = 10.0
+    header_timeout_s: float = ROUTER_HEADER_TIMEOUT_S
     max_concurrent_requests: int = 1024
     max_requests_per_tenant: int | None = None
     tenant_requests: tuple[tuple[str, int], ...] = ()
