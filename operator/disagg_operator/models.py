@@ -30,6 +30,7 @@ from disagg_contract import (
     MANAGED_VLLM_FLAGS,
     OFFER_KEY_ENV,
     OFFER_KEY_FILE_ENV,
+    ROUTER_HEADER_TIMEOUT_S,
     ROUTER_PORT,
     SIDE_CHANNEL_HOST_ENV,
     SIDE_CHANNEL_PORT,
@@ -933,6 +934,121 @@ def _source_ranges_fit(router: RouterSpec) -> bool:
     return not router.service.load_balancer_source_ranges or router.service_type == "LoadBalancer"
 
 
+ROUTER_MAX_CONCURRENT_REQUESTS = 1024
+"""Generation requests each router serves at once, rendered as its --max-concurrent-requests:
+every tenant's request share is at most this."""
+DEFAULT_CONVERSATIONS_PER_TENANT = 10_000
+"""Conversations each tenant keeps in the router's store unless spec.router.tenants says."""
+TENANT_NAME_PATTERN = "^[.]?[-_a-zA-Z0-9][-._a-zA-Z0-9]*$"
+"""A tenant's name as the router finds it: the name of a key of the client-keys Secret (its
+file in the mounted folder), which Kubernetes allows of letters, digits, '-', '_' and '.', not
+'.' or '..' nor starting with '..'."""
+MAX_TENANT_NAME_LENGTH = 253
+"""The longest Secret key, so the longest tenant name."""
+MAX_TENANT_OVERRIDES = 64
+"""The most tenants with bounds of their own (each is two router flags at most)."""
+MAX_CONVERSATIONS_PER_TENANT = 10_000_000
+"""The most conversations one tenant may be given: each is one small entry in the store."""
+MAX_HEADER_TIMEOUT_SECONDS = 300
+"""The longest header deadline: past it a stalled client holds its connection for minutes."""
+TENANT_NAME_MESSAGE = (
+    "each key must name a tenant as the client-keys Secret holds it: a Secret key of "
+    f"letters, digits, '-', '_' and '.', at most {MAX_TENANT_NAME_LENGTH} characters, not "
+    "starting with '..' (e.g. team-a; default is apiKeySecret's tenant)"
+)
+"""Why an override's tenant name is refused: the router could never see such a tenant."""
+TenantRequests = Annotated[int, Field(ge=1, le=ROUTER_MAX_CONCURRENT_REQUESTS)]
+TenantConversations = Annotated[int, Field(ge=1, le=MAX_CONVERSATIONS_PER_TENANT)]
+
+
+def _bad_tenant_names(m: RouterTenantsSpec) -> list[str]:
+    """The override names no client-keys Secret can hold."""
+    return [
+        name
+        for name in m.overrides
+        if len(name) > MAX_TENANT_NAME_LENGTH or not re.fullmatch(TENANT_NAME_PATTERN, name)
+    ]
+
+
+def _empty_overrides(m: RouterTenantsSpec) -> list[str]:
+    """The tenants whose override sets neither number."""
+    return [t for t, o in m.overrides.items() if o.requests is None and o.conversations is None]
+
+
+class TenantOverride(ApiModel):
+    """One tenant's own bounds, in place of the router's per-tenant defaults."""
+
+    requests: TenantRequests | None = Field(
+        None,
+        description="Generation requests this tenant may hold at once (--tenant-requests "
+        f"TENANT=N), at most the router's {ROUTER_MAX_CONCURRENT_REQUESTS}; may be above "
+        "maxRequestsPerTenant, e.g. for a tenant that pays for more. Default: "
+        "maxRequestsPerTenant.",
+    )
+    conversations: TenantConversations | None = Field(
+        None,
+        description="Conversations this tenant keeps in the router's store "
+        "(--tenant-conversations TENANT=N). Default: maxConversationsPerTenant.",
+    )
+
+
+class RouterTenantsSpec(ApiModel):
+    """How the router shares its request slots and its conversation store between tenants.
+
+    A tenant is the name of a client key (spec.auth); without spec.auth every client is one
+    tenant for the request slots, and each bearer token its own conversation scope.
+    """
+
+    rules = (
+        CrossFieldRule(
+            field="overrides",
+            message=TENANT_NAME_MESSAGE,
+            cel="!has(self.overrides) || self.overrides.all(t, "
+            f"size(t) <= {MAX_TENANT_NAME_LENGTH} && t.matches('{TENANT_NAME_PATTERN}'))",
+            check=lambda m: not _bad_tenant_names(m),
+            explain=lambda m: f"refused {', '.join(map(repr, _bad_tenant_names(m)))}",
+        ),
+        CrossFieldRule(
+            field="overrides",
+            message="each override sets requests, conversations or both (an empty one changes "
+            "nothing)",
+            cel="!has(self.overrides) || self.overrides.all(t, "
+            "has(self.overrides[t].requests) || has(self.overrides[t].conversations))",
+            check=lambda m: not _empty_overrides(m),
+            explain=lambda m: f"empty for {', '.join(map(repr, _empty_overrides(m)))}",
+        ),
+    )
+
+    max_requests_per_tenant: TenantRequests | None = Field(
+        None,
+        description="Generation requests one tenant may hold at once "
+        "(--max-requests-per-tenant), of the router's "
+        f"{ROUTER_MAX_CONCURRENT_REQUESTS} in all: a tenant past it gets 429 with Retry-After "
+        "while other tenants are still served. Setting it is how fairness between tenants is "
+        "enabled: below "
+        f"{ROUTER_MAX_CONCURRENT_REQUESTS}, no tenant, slow request bodies included, can take "
+        "every slot (e.g. 256 lets four tenants at their bound fill the router). Default: "
+        "unset, no bound of its own, so one tenant can hold every slot; without spec.auth "
+        "all clients are one tenant and this bounds them together.",
+    )
+    max_conversations_per_tenant: TenantConversations = Field(
+        DEFAULT_CONVERSATIONS_PER_TENANT,
+        description="Conversations each tenant keeps in the router's store, memory or Redis "
+        "(--max-conversations-per-tenant): its next one evicts its own least recently used, "
+        "never another tenant's. An in-memory store (without spec.router.redis) also has a bound "
+        "over all tenants, the router's --max-conversations, taken from the tenant holding "
+        "the most.",
+    )
+    overrides: dict[str, TenantOverride] = Field(
+        default_factory=dict,
+        max_length=MAX_TENANT_OVERRIDES,
+        description="Bounds of their own for some tenants, by tenant name (a key of "
+        "spec.auth.clientKeysSecret, or default for apiKeySecret), e.g. {team-a: {requests: "
+        "512}}; needs spec.auth. Default: none, every tenant has maxRequestsPerTenant and "
+        "maxConversationsPerTenant.",
+    )
+
+
 class RouterSpec(ApiModel):
     """The KV-cache-aware router in front of prefill and decode."""
 
@@ -991,6 +1107,17 @@ class RouterSpec(ApiModel):
         "on this port (status.reuse): when you narrow it, include the operator's pods (e.g. a "
         "namespaceSelector for its namespace with a podSelector for "
         "app.kubernetes.io/component: operator), or status.reuse stays empty or goes stale.",
+    )
+    header_timeout_seconds: Annotated[int, Field(ge=1, le=MAX_HEADER_TIMEOUT_SECONDS)] = Field(
+        ROUTER_HEADER_TIMEOUT_S,
+        description="Seconds a client has to send a request's line and headers, from the "
+        "moment it connects (on a kept-alive connection, from the request's first byte): past "
+        "it the router answers 408 and closes the connection (--header-timeout), so clients "
+        "that stall their headers hold no connection for long.",
+    )
+    tenants: RouterTenantsSpec = Field(
+        default_factory=RouterTenantsSpec,
+        description="Each tenant's share of the router's request slots and conversation store.",
     )
     termination_grace_period_seconds: GracePeriodSeconds = Field(
         DEFAULT_TERMINATION_GRACE_SECONDS,
@@ -1143,6 +1270,14 @@ class DisaggregatedModelSpec(ApiModel):
             "self.router.conversationTtlSeconds < "
             f"self.kvTransfer.decoderKvBlocksTtlSeconds - {EXPIRY_MARGIN_S}",
             check=_conversation_ttl_ok,
+        ),
+        CrossFieldRule(
+            field="router.tenants.overrides",
+            message="needs spec.auth: overrides name the tenants of client keys, and without "
+            "them every client is one tenant that no override names",
+            cel="!has(self.router.tenants.overrides) || "
+            "size(self.router.tenants.overrides) == 0 || has(self.auth)",
+            check=lambda m: not m.router.tenants.overrides or m.auth is not None,
         ),
         CrossFieldRule(
             field="kvTransfer.backend",

@@ -48,12 +48,14 @@ from disagg_operator.models import (
     MAX_MULTI_NODE_NAME_LENGTH,
     MODEL_MOUNT_PATH,
     MULTI_NODE_NAME_MESSAGE,
+    ROUTER_MAX_CONCURRENT_REQUESTS,
     AutoscalingSpec,
     DisaggregatedModelSpec,
     NetworkPeer,
     RedisUrlSecret,
     ResourceOverrides,
     RoleSpec,
+    RouterTenantsSpec,
     SecretKeyRef,
     Toleration,
 )
@@ -702,6 +704,20 @@ def _router_keys(
     return args, env, volumes, mounts
 
 
+def _router_tenants(tenants: RouterTenantsSpec) -> list[str]:
+    """The router's per-tenant bounds: the conversation share always, the request share when
+    set, and each override's own numbers, by tenant name."""
+    args = ["--max-conversations-per-tenant", str(tenants.max_conversations_per_tenant)]
+    if tenants.max_requests_per_tenant is not None:
+        args += ["--max-requests-per-tenant", str(tenants.max_requests_per_tenant)]
+    for tenant, override in sorted(tenants.overrides.items()):
+        if override.requests is not None:
+            args += ["--tenant-requests", f"{tenant}={override.requests}"]
+        if override.conversations is not None:
+            args += ["--tenant-conversations", f"{tenant}={override.conversations}"]
+    return args
+
+
 def _router_ingress(spec: DisaggregatedModelSpec) -> list[dict[str, Any]]:
     """The router's port, from anyone or only from `spec.router.allowedFrom`."""
     rule: dict[str, Any] = {"ports": [_tcp(spec.router.port)]}
@@ -752,6 +768,11 @@ def _router(name: str, namespace: str, spec: DisaggregatedModelSpec) -> list[Man
             str(spec.kv_transfer.idle_timeout_seconds),
             "--shutdown-timeout",
             str(router.shutdown_timeout_seconds),
+            "--header-timeout",
+            str(router.header_timeout_seconds),
+            "--max-concurrent-requests",
+            str(ROUTER_MAX_CONCURRENT_REQUESTS),
+            *_router_tenants(router.tenants),
             *store_args,
             *key_args,
         ],
