@@ -133,9 +133,32 @@ KEDA_AUTOSCALING: dict[str, Any] = {
 """The decode section with KEDA querying Prometheus instead."""
 
 
+ROUTER_TENANTS: dict[str, Any] = {
+    "auth": {"clientKeysSecret": {"name": "clients"}},
+    "router": {
+        "headerTimeoutSeconds": 30,
+        "tenants": {
+            "maxRequestsPerTenant": 256,
+            "maxConversationsPerTenant": 2000,
+            "overrides": {
+                "team-b": {"conversations": 50},
+                "default": {"requests": 1024},
+                "team-a": {"requests": 512, "conversations": 9000},
+            },
+        },
+    },
+}
+"""Fairness between tenants: a share of the request slots, a conversation share, and three
+tenants with bounds of their own (given out of name order)."""
+
+
 def _without(section: dict[str, Any], key: str) -> dict[str, Any]:
     """A copy of `section` lacking `key`."""
     return {k: v for k, v in section.items() if k != key}
+
+
+_KEYED: dict[str, Any] = {"auth": {"clientKeysSecret": {"name": "clients"}}}
+"""Client keys, which tenant overrides need."""
 
 
 @dataclass(frozen=True)
@@ -705,6 +728,54 @@ INVALID_SPECS = [
         "spec.router.redis.url",
     ),
     InvalidSpec("negative-router-replicas", {"router": {"replicas": -1}}, "spec.router.replicas"),
+    InvalidSpec(
+        "router-header-timeout-zero",
+        {"router": {"headerTimeoutSeconds": 0}},
+        "spec.router.headerTimeoutSeconds",
+    ),
+    InvalidSpec(
+        "tenant-request-share-above-the-routers-slots",
+        {"router": {"tenants": {"maxRequestsPerTenant": 1025}}},
+        "spec.router.tenants.maxRequestsPerTenant",
+    ),
+    InvalidSpec(
+        "tenant-conversation-share-zero",
+        {"router": {"tenants": {"maxConversationsPerTenant": 0}}},
+        "spec.router.tenants.maxConversationsPerTenant",
+    ),
+    InvalidSpec(
+        "tenant-override-above-the-routers-slots",
+        {**_KEYED, "router": {"tenants": {"overrides": {"team-a": {"requests": 2048}}}}},
+        "spec.router.tenants.overrides.team-a.requests",
+    ),
+    InvalidSpec(
+        "tenant-override-without-keys",
+        {"router": {"tenants": {"overrides": {"team-a": {"requests": 8}}}}},
+        "spec.router.tenants.overrides",
+        cross_field=True,
+        says="needs spec.auth",
+    ),
+    InvalidSpec(
+        "tenant-override-no-secret-key-names",
+        {**_KEYED, "router": {"tenants": {"overrides": {"team/a": {"requests": 8}}}}},
+        "spec.router.tenants.overrides",
+        cross_field=True,
+        says="a Secret key of letters, digits",
+    ),
+    InvalidSpec(
+        "tenant-override-the-kubelets-own-entry",
+        {**_KEYED, "router": {"tenants": {"overrides": {"..data": {"requests": 8}}}}},
+        "spec.router.tenants.overrides",
+        cross_field=True,
+        says="not starting with '..'",
+    ),
+    InvalidSpec(
+        "tenant-override-empty",
+        {**_KEYED, "router": {"tenants": {"overrides": {"team-a": {}}}}},
+        "spec.router.tenants.overrides",
+        cross_field=True,
+        says="requests, conversations or both",
+    ),
     InvalidSpec("zero-efa-devices", {"efa": {"devicesPerPod": 0}}, "spec.efa.devicesPerPod"),
     InvalidSpec("unknown-dtype", {"model": {"dtype": "int4"}}, "spec.model.dtype"),
     InvalidSpec(

@@ -89,6 +89,26 @@ def _router_service() -> st.SearchStrategy[dict[str, Any]]:
     )
 
 
+TENANT_NAMES = ["team-a", "default", ".x", "..data", ".", "a/b", "a:b", "x" * 253, "y" * 254, "é"]
+"""Tenant names around the Secret-key rule: kept, and refused by what a key may not be."""
+
+
+def _router_tenants() -> st.SearchStrategy[dict[str, Any]]:
+    requests = st.sampled_from([0, 1, 1024, 1025])
+    conversations = st.sampled_from([0, 1, 10_000_000, 10_000_001])
+    override = st.fixed_dictionaries(
+        {}, optional={"requests": requests, "conversations": conversations}
+    )
+    return st.fixed_dictionaries(
+        {},
+        optional={
+            "maxRequestsPerTenant": requests,
+            "maxConversationsPerTenant": conversations,
+            "overrides": st.dictionaries(st.sampled_from(TENANT_NAMES), override, max_size=2),
+        },
+    )
+
+
 SPEC_PATCHES = st.fixed_dictionaries(
     {},
     optional={
@@ -124,8 +144,11 @@ SPEC_PATCHES = st.fixed_dictionaries(
                 "conversationTtlSeconds": st.sampled_from([0, 1, 54, 55, 94, 95, 474, 475]),
                 "serviceType": st.sampled_from(["ClusterIP", "LoadBalancer"]),
                 "service": _router_service(),
+                "headerTimeoutSeconds": st.sampled_from([0, 1, 10, 300, 301]),
+                "tenants": _router_tenants(),
             },
         ),
+        "auth": st.just({"clientKeysSecret": {"name": "clients"}}),
         "efa": st.fixed_dictionaries({}, optional={"enabled": st.booleans()}),
     },
 )

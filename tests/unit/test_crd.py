@@ -20,6 +20,7 @@ from dmodel_samples import (
     EXAMPLES,
     INVALID_SPECS,
     LEGIT_EXTRA_ARGS,
+    ROUTER_TENANTS,
     InvalidSpec,
     load_example,
     minimal_spec,
@@ -213,6 +214,18 @@ def test_cel_rule_refuses_what_the_model_validator_refuses(case: InvalidSpec) ->
             }
         },
         {"router": {"service": {"loadBalancerSourceRanges": []}}},
+        ROUTER_TENANTS,
+        {
+            "auth": {"apiKeySecret": {"name": "api-key"}},
+            "router": {
+                "headerTimeoutSeconds": 300,
+                "tenants": {
+                    "maxRequestsPerTenant": 1024,
+                    "overrides": {".x": {"requests": 1}, "x" * 253: {"conversations": 1}},
+                },
+            },
+        },
+        {"router": {"tenants": {"maxRequestsPerTenant": 1, "overrides": {}}}},
     ],
 )
 def test_cel_and_models_accept_the_edge_of_each_rule(patch: dict[str, Any]) -> None:

@@ -4,6 +4,7 @@ the rollout hash, names and labels, and Kubernetes schema validity of every mani
 from __future__ import annotations
 
 import json
+from itertools import pairwise
 from typing import Any
 
 import kubernetes_validate
@@ -11,10 +12,21 @@ import pytest
 
 from disagg_operator.errors import SpecError
 from disagg_operator.loading import load_resource, load_spec
-from disagg_operator.models import DRAIN_DELAY_SECONDS, MAX_NAME_LENGTH
+from disagg_operator.models import (
+    DRAIN_DELAY_SECONDS,
+    MAX_NAME_LENGTH,
+    ROUTER_MAX_CONCURRENT_REQUESTS,
+)
 from disagg_operator.names import CONFIG_HASH_ANNOTATION
 from disagg_operator.render import hash_seed, render
-from dmodel_samples import EXAMPLES, KV_TRANSFER_KEYS, load_example, minimal_spec, spec_with
+from dmodel_samples import (
+    EXAMPLES,
+    KV_TRANSFER_KEYS,
+    ROUTER_TENANTS,
+    load_example,
+    minimal_spec,
+    spec_with,
+)
 
 Manifest = dict[str, Any]
 NAME, NAMESPACE = "demo", "ml"
@@ -203,6 +215,7 @@ def test_connector_config_change_rolls_prefill_and_decode(patch: dict[str, Any])
         {"router": {"replicas": 3, "redis": {"url": "redis://valkey:6379/0"}}},
         {"router": {"conversationTtlSeconds": 300, "serviceType": "LoadBalancer", "port": 9000}},
         {"router": {"image": {"repository": "ghcr.io/acme/router", "tag": "2"}}},
+        {"router": {"headerTimeoutSeconds": 30, "tenants": {"maxRequestsPerTenant": 256}}},
     ],
 )
 def test_router_only_change_leaves_prefill_and_decode_untouched(patch: dict[str, Any]) -> None:
@@ -543,6 +556,28 @@ def test_router_command_names_services_and_ttls() -> None:
         )
         == "100"
     )
+
+
+def _repeated(command: list[str], name: str) -> list[str]:
+    return [value for key, value in pairwise(command) if key == name]
+
+
+def test_router_renders_every_tenant_bound_and_the_header_timeout() -> None:
+    command = router_container(ROUTER_TENANTS)["command"]
+    assert flag(command, "--header-timeout") == "30"
+    assert flag(command, "--max-requests-per-tenant") == "256"
+    assert flag(command, "--max-conversations-per-tenant") == "2000"
+    assert _repeated(command, "--tenant-requests") == ["default=1024", "team-a=512"]
+    assert _repeated(command, "--tenant-conversations") == ["team-a=9000", "team-b=50"]
+
+
+def test_router_defaults_render_the_routers_own_defaults_and_no_request_share() -> None:
+    command = router_container()["command"]
+    assert flag(command, "--max-concurrent-requests") == str(ROUTER_MAX_CONCURRENT_REQUESTS)
+    assert flag(command, "--header-timeout") == "10"
+    assert flag(command, "--max-conversations-per-tenant") == "10000"
+    for absent in ("--max-requests-per-tenant", "--tenant-requests", "--tenant-conversations"):
+        assert absent not in command, "without spec.router.tenants no tenant has its own bound"
 
 
 def test_a_leaving_router_pod_serves_until_kube_proxy_lets_go_then_finishes_its_requests() -> None:

@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from disagg.cli import build_parser
 from disagg_contract import CLIENT_KEYS_DIR, ENGINE_KEY_DIR, SECRET_KEY_NAME
-from disagg_operator.loading import load_file
-from disagg_operator.models import AuthSpec
+from disagg_operator.loading import load_file, load_spec
+from disagg_operator.models import ROUTER_MAX_CONCURRENT_REQUESTS, AuthSpec
 from disagg_operator.render import render
+from disagg_router.app import create_app
+from disagg_router.auth import tenant_scope
 from disagg_router.config import DiscoveryKind
+from disagg_router.conversation import conversation_key
 from disagg_router.options import config_from_args
+from disagg_router.stores import tenant_shares
+from dmodel_samples import ROUTER_TENANTS, spec_with
 
 EXAMPLES = sorted((Path(__file__).parents[2] / "examples").glob("*.yaml"))
 
@@ -33,6 +39,27 @@ def test_rendered_router_command_is_a_valid_router_config(example: Path) -> None
         assert config.shutdown_timeout_s == model.spec.router.shutdown_timeout_seconds
         probe = container["readinessProbe"]["httpGet"]
         assert (probe["path"], probe["port"]) == ("/health", config.port_name)
+
+
+def test_rendered_tenant_bounds_are_the_ones_the_router_enforces(tmp_path: Path) -> None:
+    spec = load_spec(spec_with(ROUTER_TENANTS))
+    (deployment,) = [m for m in render("m", "ns", spec) if m["kind"] == "Deployment"]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    config = config_from_args(build_parser().parse_args(container["command"][1:]))
+    assert config.header_timeout_s == 30
+    assert config.max_concurrent_requests == ROUTER_MAX_CONCURRENT_REQUESTS
+    # The mounted files are not here: the same command with the key paths on local files.
+    keys = tmp_path / "client-keys"
+    keys.mkdir()
+    (keys / "team-a").write_text("sk-team-a")
+    (tmp_path / "engine-key").write_text("sk-engine")
+    local = replace(config, client_keys_dir=str(keys), engine_key_file=str(tmp_path / "engine-key"))
+    slots = create_app(local).slots
+    assert [slots.share(t) for t in ("team-a", "default", "team-b")] == [512, 1024, 256]
+    shares = tenant_shares(local)
+    tenants = ("team-a", "team-b", "x")
+    by_tenant = {t: shares.of(conversation_key("c", tenant_scope(t)))[1] for t in tenants}
+    assert by_tenant == {"team-a": 9000, "team-b": 50, "x": 2000}
 
 
 def test_rendered_router_reads_the_api_key_the_secret_gives(
