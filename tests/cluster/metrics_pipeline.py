@@ -99,11 +99,18 @@ def metrics_pipeline() -> Iterator[MetricsPipeline]:
         subprocess.run(["bash", str(METRICS / "metrics-down.sh")], check=True, timeout=120)
 
 
+METRIC_REQUEST_TIMEOUT = "15s"
+"""kubectl's deadline for one custom-metrics read (its own default waits forever)."""
+
+
 def custom_metric(kubectl: kube.Kubectl, namespace: str, pod: str, metric: str) -> float | None:
     """The pod's custom metric as the API server serves it (aggregated from the adapter), None
-    while the adapter has no value for it."""
+    while the adapter has no value for it or does not answer within METRIC_REQUEST_TIMEOUT (a
+    loaded node can leave one aggregated call hanging; the caller's poll asks again)."""
     path = f"/apis/custom.metrics.k8s.io/v1beta1/namespaces/{namespace}/pods/{pod}/{metric}"
-    proc = kubectl.run("get", "--raw", path, check=False)
+    proc = kubectl.run(
+        "get", "--raw", path, f"--request-timeout={METRIC_REQUEST_TIMEOUT}", check=False
+    )
     if proc.returncode != 0:
         return None
     (item,) = json.loads(proc.stdout)["items"]

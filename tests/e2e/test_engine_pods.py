@@ -356,6 +356,15 @@ def _router_pods(kubectl: kube.Kubectl, namespace: str) -> list[dict[str, Any]]:
     return pods
 
 
+def _one_new_router(pods: list[dict[str, Any]], old: set[str]) -> bool:
+    """Only one router pod is left, not one of the `old` uids, and it is Ready."""
+    return (
+        len(pods) == 1
+        and pods[0]["metadata"]["uid"] not in old
+        and kube.condition_true(pods[0], "Ready")
+    )
+
+
 class _Poller(threading.Thread):
     """A client that opens a new connection to the router Service for every request until
     told to stop, keeping every failure (an exception or a status other than 200)."""
@@ -411,11 +420,7 @@ def test_a_router_roll_drops_no_client_request_and_cuts_no_stream(
                 "deletionTimestamp" in p["metadata"] and p["metadata"]["uid"] in old for p in pods
             ):
                 leaving.append(time.monotonic())
-            return (
-                len(pods) == 1
-                and pods[0]["metadata"]["uid"] not in old
-                and kube.condition_true(pods[0], "Ready")
-            )
+            return _one_new_router(pods, old)
 
         try:
             kube.wait_for(
@@ -451,6 +456,7 @@ def test_a_connector_config_change_rolls_the_engine_pods_and_reuse_goes_on(
 ) -> None:
     namespace = served.namespace
     before = {p["metadata"]["name"]: p["metadata"]["uid"] for p in _engine_pods(kubectl, namespace)}
+    routers = {p["metadata"]["uid"] for p in _router_pods(kubectl, namespace)}
     config = kubectl.json("-n", namespace, "get", "configmap", f"{MODEL}-connector")["data"]
     kubectl(
         "-n", namespace, "patch", "dmodel", MODEL, "--type=merge",
@@ -458,16 +464,23 @@ def test_a_connector_config_change_rolls_the_engine_pods_and_reuse_goes_on(
     )  # fmt: skip
 
     def rolled() -> bool:
+        # The router rolls too and keeps conversations in memory: until the old router pod is
+        # gone, turn 1 may reach it and turn 2 the new one, which has no record of turn 1.
         pods = _engine_pods(kubectl, namespace)
         return (
             {p["metadata"]["name"] for p in pods} == set(before)
             and all(p["metadata"]["uid"] != before[p["metadata"]["name"]] for p in pods)
             and all(kube.condition_true(p, "Ready") for p in pods)
+            and _one_new_router(_router_pods(kubectl, namespace), routers)
             and _converged(kubectl, namespace)
         )
 
     try:
-        kube.wait_for(rolled, what="both engine pods rolled and Ready", timeout_s=READY_TIMEOUT_S)
+        kube.wait_for(
+            rolled,
+            what="both engine pods and the router rolled and Ready",
+            timeout_s=READY_TIMEOUT_S,
+        )
     except TimeoutError as timeout:
         pytest.fail(f"{timeout}\n{pods_report(namespace)}", pytrace=False)
     rolled_config = kubectl.json("-n", namespace, "get", "configmap", f"{MODEL}-connector")
