@@ -1,14 +1,16 @@
-"""Prefill's claims on decode's retained KV, asked and answered off vLLM's scheduling thread.
+"""A reader's claims on the KV another engine offers, asked and answered off vLLM's scheduling
+thread.
 
-Before prefill reads decode's retained blocks (D->P) it claims them on decode's lease service
-(see :mod:`lease_service`). The claim is sent when the request arrives, on a small pool of
+Before an engine reads the blocks another offers (prefill decode's retained KV, D->P; decode
+prefill's KV of its prompt, P->D) it claims them on the issuer's lease service (see
+:mod:`lease_service`). The claim is sent when the request arrives, on a small pool of
 threads, and the scheduler only looks at the answer: a request whose claim is still out waits
 in vLLM's queue (the connector answers "not yet" for it) while every other request is
 scheduled as usual. A claim unanswered after :data:`CLAIM_DEADLINE_S` counts as refused, so
-the request recomputes; and a decode that left a claim unanswered that long is stalled: while
+the request recomputes; and an issuer that left a claim unanswered that long is stalled: while
 a claim to it is out, its other claims are refused at once, without a thread, and the next
-claim after that probes it again. A decode that hangs thus costs only the requests that wanted
-its KV, each at most the deadline, and holds at most one thread.
+claim after that probes it again. An issuer that hangs thus costs only the requests that
+wanted its KV, each at most the deadline, and holds at most one thread.
 Pure logic, no vLLM.
 """
 
@@ -24,13 +26,13 @@ from disagg_connector.lease_service import ClaimTarget
 from disagg_connector.retention import Grant
 
 CLAIM_DEADLINE_S = 0.25
-"""Longest a request waits for decode's answer to its claim before it recomputes instead."""
+"""Longest a request waits for the issuer's answer to its claim before it recomputes instead."""
 CLAIM_WORKERS = 8
-"""Threads that send claims; each gives up at the deadline too, so a decode that hangs holds
+"""Threads that send claims; each gives up at the deadline too, so an issuer that hangs holds
 a thread no longer than the request it was sent for waits."""
 
 Answer = Grant | str
-"""Decode's grant, or why no grant came (a refusal, an error or no answer in time)."""
+"""The issuer's grant, or why no grant came (a refusal, an error or no answer in time)."""
 ClaimFunction = Callable[[ClaimTarget, str, str | None, float], Answer]
 """Sends one claim (target, claimant, credential, seconds it may take): :func:`claim`."""
 
@@ -45,7 +47,7 @@ class _Claim:
 
 @dataclass
 class _Peer:
-    """What the desk knows about one decode's lease service."""
+    """What the desk knows about one issuer's lease service."""
 
     stalled: bool = False
     out: set[str] = field(default_factory=set)
@@ -72,7 +74,7 @@ class ClaimDesk:
         self._peers: dict[tuple[str, int], _Peer] = {}
 
     def ask(self, key: str, target: ClaimTarget, claimant: str) -> None:
-        """Send a claim for ``key`` (replacing any earlier one), unless its decode is stalled
+        """Send a claim for ``key`` (replacing any earlier one), unless its issuer is stalled
         and already has a claim out."""
         peer_key = (target.host, target.port)
         with self._lock:
@@ -82,7 +84,7 @@ class ClaimDesk:
             peer = self._peers.setdefault(peer_key, _Peer())
             if peer.stalled and peer.out:
                 claim.answer = (
-                    f"decode {target.host}:{target.port} left a claim unanswered for "
+                    f"{target.host}:{target.port} left a claim unanswered for "
                     f"{self.deadline_s * 1000:.0f} ms; not asked until it answers again"
                 )
                 return
@@ -109,7 +111,7 @@ class ClaimDesk:
             peer = self._peers[(claim.target.host, claim.target.port)]
             peer.stalled = True
             claim.answer = (
-                f"no answer from decode {claim.target.host}:{claim.target.port} "
+                f"no answer from {claim.target.host}:{claim.target.port} "
                 f"within {self.deadline_s * 1000:.0f} ms"
             )
             return claim.answer
@@ -126,7 +128,7 @@ class ClaimDesk:
             self._forget(key)
 
     def stalled(self) -> list[str]:
-        """The decodes (``host:port``) left a claim unanswered and not answered one since."""
+        """The issuers (``host:port``) that left a claim unanswered and answered none since."""
         with self._lock:
             return [f"{host}:{port}" for (host, port), peer in self._peers.items() if peer.stalled]
 
@@ -135,7 +137,7 @@ class ClaimDesk:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     def _answered(self, peer_key: tuple[str, int], key: str, done: Future[Answer]) -> None:
-        """A claim's thread ended: a grant or refusal from decode clears its stall, no answer
+        """A claim's thread ended: a grant or refusal from the issuer clears its stall, no answer
         sets it."""
         with self._lock:
             peer = self._peers.get(peer_key)

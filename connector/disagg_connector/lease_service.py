@@ -1,8 +1,10 @@
-"""Decode's lease service, and the claim prefill makes through it before each D->P read.
+"""An engine's lease service, and the claim a reader makes through it before each read.
 
-Decode's scheduler process serves its :class:`~disagg_connector.retention.RetentionTable` on
-the lease port (JSON over HTTP, the paths and messages of :mod:`disagg_contract`): the router
-renews and releases leases, prefill claims a retention before it reads. When the engines hold an
+The scheduler process of an engine that offers KV serves its
+:class:`~disagg_connector.retention.RetentionTable` on the lease port (JSON over HTTP, the
+paths and messages of :mod:`disagg_contract`): on decode the router renews and releases
+leases and prefill claims a retention before a D->P read; on prefill decode claims the KV of
+its prompt before the P->D read. When the engines hold an
 engine credential (``VLLM_API_KEY``) every call must carry it as a bearer token; vLLM's own
 HTTP port already requires it, and only the router and the engines hold it. A malformed call
 is a 4xx: nothing a caller sends reaches the engine loop.
@@ -138,7 +140,7 @@ class ConnectionStats:
 
 
 class LeaseService:
-    """The lease port of one decode engine: one daemon thread serving its retention table."""
+    """The lease port of one engine: one daemon thread serving its table of held blocks."""
 
     def __init__(
         self,
@@ -305,7 +307,7 @@ def _response(status: HTTPStatus, document: Mapping[str, Any]) -> bytes:
 
 @dataclass(frozen=True)
 class ClaimTarget:
-    """Where and what prefill claims: decode's lease service and the retention's names."""
+    """Where and what a reader claims: the issuer's lease service and the blocks' names."""
 
     host: str
     port: int
@@ -319,11 +321,11 @@ def claim(
     credential: str | None,
     timeout_s: float = LEASE_CALL_TIMEOUT_S,
 ) -> Grant | str:
-    """Ask decode for the read of a retention: its grant, or why no answer came.
+    """Ask the issuer for the read of the blocks it holds: its grant, or why no answer came.
 
     Takes at most ``timeout_s`` (at most LEASE_CALL_TIMEOUT_S), connecting included; a later
     answer counts as none.
-    That is no longer than the trust window of the shortest hold decode grants (a contract
+    That is no longer than the trust window of the shortest hold an issuer grants (a contract
     invariant, tested), so a grant this returns still leaves its read time to start.
     """
     call = ClaimCall(request=target.request_id, offer=target.offer_id, claimant=claimant)
@@ -339,13 +341,13 @@ def claim(
     try:
         return Grant(False, ClaimRefusal(reply["reason"]))
     except ValueError:
-        return f"decode refused for an unknown reason {reply['reason']!r}"
+        return f"refused for an unknown reason {reply['reason']!r}"
 
 
 def _post(
     target: ClaimTarget, path: str, body: str, credential: str | None, timeout_s: float
 ) -> object:
-    """POST ``body`` to decode's lease service: its decoded JSON reply within ``timeout_s``,
+    """POST ``body`` to the issuer's lease service: its decoded JSON reply within ``timeout_s``,
     or (a string) why none came."""
     deadline = time.monotonic() + timeout_s
     headers = {"Content-Type": "application/json"}
@@ -361,7 +363,7 @@ def _post(
         if time.monotonic() > deadline:
             raise TimeoutError(f"answered after {timeout_s}s")
         if response.status != HTTPStatus.OK:
-            return f"decode answered {response.status}"
+            return f"the lease service answered {response.status}"
         document: object = json.loads(text)
     except (OSError, http.client.HTTPException, ValueError) as exc:
         return f"no answer from {target.host}:{target.port} ({type(exc).__name__}: {exc})"
@@ -371,14 +373,14 @@ def _post(
 
 
 def _claim_reply(document: object) -> ClaimReply | str:
-    """Decode's answer as a ClaimReply, or what is wrong with it."""
+    """The issuer's answer as a ClaimReply, or what is wrong with it."""
     if not isinstance(document, dict) or not isinstance(document.get("granted"), bool):
-        return "decode's answer is not a grant"
+        return "the answer is not a grant"
     hold_s = document.get("hold_s")
     if not isinstance(hold_s, int | float) or isinstance(hold_s, bool):
-        return "decode's answer has no hold"
+        return "the answer has no hold"
     if document["granted"] and not hold_s > 0:
-        return "decode granted no hold"
+        return "granted no hold"
     return ClaimReply(
         granted=document["granted"], hold_s=float(hold_s), reason=str(document.get("reason"))
     )

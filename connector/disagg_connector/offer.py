@@ -15,14 +15,13 @@ a key they are checked like the others.
 
 What single use covers here: a replay to the engine that accepted the offer, for as long as
 the offer lives (its lifetime, measured on the reader's own monotonic clock from when it first
-read it), in bounded memory. A decode-to-prefill offer is judged on one clock only, decode's:
-prefill compares none of the offer's times with its own, and before it reads it claims the
-retention on decode (see :mod:`claims`, :mod:`retention`), which grants one reader, named by
-that reader's incarnation, and refuses a retention it freed, let lapse, or never held (a decode
-restarted since the offer). So a replay to another prefill, to a restarted prefill or after a
-decode restart is refused whatever the two clocks say. A prefill-to-decode offer has no claim:
-decode refuses one past the expiry prefill gave it or issued before decode started, which
-compares prefill's wall clock with decode's (docs/threat-model.md: an accepted risk).
+read it), in bounded memory. Beyond that, a signed offer is judged on one clock only, its
+issuer's: the reader compares none of the offer's times with its own, and before it reads it
+claims the blocks on the issuer's lease service (see :mod:`claims`, :mod:`retention`), which
+grants one reader, named by that reader's incarnation, and refuses blocks it freed, let lapse,
+or never held (an issuer restarted since the offer). So a replay to another reader, to a
+restarted reader or after the issuer restarted is refused whatever the two clocks say, in
+both directions.
 """
 
 from __future__ import annotations
@@ -176,14 +175,11 @@ class OfferSigner:
         self,
         keys: OfferKeys | None,
         model: str,
-        started_at: float,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        """``started_at``: this engine's start (wall clock); P->D offers issued before are
-        refused. ``clock`` measures how long a spent offer id is remembered."""
+        """``clock`` measures how long a spent offer id is remembered."""
         self.keys = keys
         self.model = model
-        self.started_at = started_at
         self._clock = clock
         self.spent = SpentOffers()
 
@@ -202,12 +198,12 @@ class OfferSigner:
             "sig": self.keys.sign(message),
         }
 
-    def admit(self, params: Mapping[str, Any], direction: Direction, now: float) -> Admission:
-        """Check a well-formed offer's envelope, expiry (P->D only) and single use, in order.
+    def admit(self, params: Mapping[str, Any], direction: Direction) -> Admission:
+        """Check a well-formed offer's envelope and single use, in order.
 
-        ``now`` is this engine's wall clock, compared with a P->D offer's times only. A
-        decode-to-prefill offer's expiry must be its ``disagg_expires_at`` too (the router
-        reads that one); whether it still holds is decode's to say, through the claim.
+        A decode-to-prefill offer's expiry must be its ``disagg_expires_at`` too (the router
+        reads that one). Whether an offer still holds is its issuer's to say, through the
+        claim: none of its times is compared with this engine's clock.
         """
         if self.keys is None:
             if direction is Direction.PREFILL_TO_DECODE:
@@ -235,11 +231,6 @@ class OfferSigner:
             and params.get(EXPIRES_AT_KEY) != envelope["exp"]
         ):
             return Admission(False, Verdict.MALFORMED, f"{EXPIRES_AT_KEY} is not the envelope's")
-        if direction is Direction.PREFILL_TO_DECODE:
-            if now + EXPIRY_MARGIN_S >= envelope["exp"]:
-                return Admission(False, Verdict.EXPIRED, f"expired at {envelope['exp']:.0f}")
-            if envelope["iat"] < self.started_at:
-                return Admission(False, Verdict.REPLAYED, "issued before this engine started")
         local_now = self._clock()
         lifetime = max(float(envelope["exp"]) - float(envelope["iat"]), 0.0)
         if not self.spent.spend(envelope["id"], local_now + lifetime + EXPIRY_MARGIN_S, local_now):

@@ -9,11 +9,12 @@ each driven by one hook of vLLM's scheduler (the facade in :mod:`scheduler` call
    (see :mod:`offer_form`, :mod:`offer`); a refused offer is stripped and the request
    recomputes. An admitted offer is checked against the request's own prompt with the digest
    of the tokens the offered KV holds, and cut to the verified prefix (see :mod:`reuse_plan`).
-   A D->P read is claimed on decode right away, off the scheduling thread (see
-   :mod:`claims`).
+   The read is claimed on the offering engine's lease service right away, off the scheduling
+   thread (see :mod:`claims`): the offering engine alone, on its own clock, says whether it
+   still holds the blocks, and grants them to one reader.
 2. ``gate`` (vLLM asks how many tokens to load): a D->P read that the measured costs say is
-   slower than recomputing becomes a recompute (see :mod:`read_cost`); a D->P read waits for
-   its claim's answer (the request stays queued, nothing else waits) and recomputes when the
+   slower than recomputing becomes a recompute (see :mod:`read_cost`); a read waits for its
+   claim's answer (the request stays queued, nothing else waits) and recomputes when the
    claim is refused or unanswered in time; a P->D read loads only its verified prefix.
 3. ``allocated`` (blocks allocated, the read starts): the verdict and the tokens read are
    counted; prefill times the read.
@@ -103,7 +104,7 @@ class ReadState:
     trust_until: float = 0.0
     """A granted claim may start the read until then (the desk's clock)."""
     granted_at: float = 0.0
-    """When the claim decode last granted was sent (the desk's clock)."""
+    """When the claim last granted was sent (the desk's clock)."""
 
 
 class OfferReader:
@@ -121,7 +122,8 @@ class OfferReader:
     ) -> None:
         """``pulled_tokens(n)``: the prompt tokens vLLM pulls P->D for an ``n``-token prompt.
 
-        ``desk`` sends the claims of D->P reads (none: every D->P read is refused unclaimed);
+        ``desk`` sends the claims of signed offers (none: every signed offer is refused
+        unclaimed; an unsigned P->D offer, ``unchecked``, is read as vLLM reads it);
         ``costs`` are prefill's measured costs (None on decode).
         """
         self.config = config
@@ -172,7 +174,7 @@ class OfferReader:
         if problem is not None:
             self._refuse(view.request_id, params, direction, Verdict.MALFORMED, problem)
             return params
-        admission = self.signer.admit(params, direction, time.time())
+        admission = self.signer.admit(params, direction)
         if not admission.admitted:
             assert admission.verdict is not None
             self._refuse(view.request_id, params, direction, admission.verdict, admission.reason)
@@ -209,7 +211,7 @@ class OfferReader:
         logger.info(
             "%s offer for %s from engine %s: %s, offered %d tokens, usable %d, verified %d, "
             "rejected %d",
-            "D->P" if direction is Direction.DECODE_TO_PREFILL else "P->D",
+            _arrow(direction),
             view.request_id,
             remote_engine(params),
             plan.verdict.value,
@@ -218,7 +220,7 @@ class OfferReader:
             plan.verified_tokens,
             plan.rejected_tokens,
         )
-        if direction is Direction.DECODE_TO_PREFILL and plan.verified_tokens:
+        if plan.verified_tokens:
             self._send_claim(view.request_id, params)
 
     def _send_claim(self, request_id: str, params: dict[str, Any]) -> None:
@@ -239,7 +241,8 @@ class OfferReader:
         if state is None or not count:
             return count
         if state.direction is Direction.PREFILL_TO_DECODE:
-            return max(0, min(count, state.plan.verified_tokens - num_computed_tokens))
+            verified = max(0, min(count, state.plan.verified_tokens - num_computed_tokens))
+            return self._claimed(request_id, state, params, verified) if verified else 0
         if not self._read_pays(request_id, state, params, count, num_computed_tokens):
             return 0
         return self._claimed(request_id, state, params, count)
@@ -286,7 +289,8 @@ class OfferReader:
     def _claimed(
         self, request_id: str, state: ReadState, params: dict[str, Any], count: int
     ) -> int | None:
-        """The tokens to read once decode granted the claim; None while its answer is out.
+        """The tokens to read once the offering engine granted the claim; None while its
+        answer is out.
 
         A grant is good for CLAIM_RECHECK_S, within its trust window, from when the claim was
         sent; a request still queued past it claims again. A refused or unanswered claim turns
@@ -311,13 +315,14 @@ class OfferReader:
             state.trust_until = 0.0
             self._send_claim(request_id, params)
             return None
-        reason = answer if isinstance(answer, str) else f"decode refused: {answer.refusal}"
+        reason = answer if isinstance(answer, str) else f"refused: {answer.refusal}"
         plan = state.plan
         state.plan = ReusePlan(Verdict.UNCLAIMED, plan.offered_tokens, plan.usable_tokens, 0)
         self._drop_claim(request_id)
         refuse(params)
         logger.warning(
-            "Claim of the D->P offer for %s refused (%s); serving it as a recompute",
+            "Claim of the %s offer for %s not granted (%s); serving it as a recompute",
+            _arrow(state.direction),
             request_id,
             reason,
         )
@@ -417,6 +422,10 @@ class OfferReader:
 def remote_engine(params: dict[str, Any] | None) -> str:
     """The engine id an offer's ``params`` name: the engine its KV would be read from."""
     return str((params or {}).get("remote_engine_id"))
+
+
+def _arrow(direction: Direction) -> str:
+    return "D->P" if direction is Direction.DECODE_TO_PREFILL else "P->D"
 
 
 def _seconds(value: float | None) -> str:

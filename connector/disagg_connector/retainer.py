@@ -1,5 +1,8 @@
 """Decode's side of reuse: retain finished turns' KV as leases, and free it when it is due.
 
+(Prefill holds its offers to decode in a :class:`Retainer` too, without leases: its table
+only answers decode's claims, and vLLM's own lease on prefill's blocks frees them.)
+
 A finished request's KV is retained only when the router asked for it (``RETAIN_KEY``, turns
 of a conversation), decode can sign the offer and the engine is not shutting down; every other
 request frees its blocks at once. Each retention is a lease in a
@@ -122,6 +125,11 @@ class Retainer:
             if reason := self.table.forget(request_id):
                 recorder.record_free(reason)
 
+    def forget(self, request_ids: Iterable[str]) -> None:
+        """vLLM's worker freed these requests' blocks; nothing to count (prefill's offers)."""
+        for request_id in request_ids:
+            self.table.forget(request_id)
+
     def due(self, preempted: bool, shutting_down: bool, recorder: RetentionRecorder) -> list[str]:
         """The retentions to free this step, making room first if live requests wait."""
         if shutting_down:
@@ -154,6 +162,15 @@ class Retainer:
     def report(self, recorder: RetentionRecorder) -> None:
         """Count the claims answered, the lease port's connections closed at a limit and the
         retentions held since the last report."""
+        self.report_service(recorder)
+        retained = (len(self.table), self.table.held_blocks())
+        if retained != self._retained_seen:
+            self._retained_seen = retained
+            recorder.record_retained(*retained)
+
+    def report_service(self, recorder: RetentionRecorder) -> None:
+        """Count the claims answered and the lease port's connections closed at a limit since
+        the last report (prefill's offers to decode are no retentions: only this)."""
         while self._claim_answers:
             recorder.record_claim(self._claim_answers.popleft())
         if self.service is not None:
@@ -165,7 +182,3 @@ class Retainer:
                 if now > before:
                     recorder.record_lease_connections_closed(reason, now - before)
             self._closed_seen = closed
-        retained = (len(self.table), self.table.held_blocks())
-        if retained != self._retained_seen:
-            self._retained_seen = retained
-            recorder.record_retained(*retained)

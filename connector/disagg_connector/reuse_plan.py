@@ -46,8 +46,6 @@ class Verdict(enum.StrEnum):
     """The envelope names another model (or block size) than this engine serves."""
     BAD_SIGNATURE = "bad-signature"
     """The signature does not match the offer under any key: forged or altered."""
-    EXPIRED = "expired"
-    """A P->D offer past the expiry its issuer gave it."""
     REPLAYED = "replayed"
     """This engine already accepted the offer once (offers are single-use)."""
     UNCHECKED = "unchecked"
@@ -62,8 +60,9 @@ class Verdict(enum.StrEnum):
     PROMPT_EMBEDS = "prompt-embeds"
     """The prompt comes as embeddings, which the digest does not cover."""
     UNCLAIMED = "unclaimed"
-    """Decode refused (or did not answer) the claim prefill makes before each read: the KV was
-    released, freed for live requests, lapsed, or claimed by another reader."""
+    """The offering engine refused (or did not answer) the claim the reader makes before each
+    read: the KV was released, freed for live requests, lapsed or past vLLM's own lease on it,
+    or claimed by another reader (a replay, or an engine restarted since)."""
     RECOMPUTE_CHEAPER = "recompute-cheaper"
     """Prefill's measured costs say computing the verified tokens is faster than reading them
     (the measured read decision, see :mod:`read_cost`)."""
@@ -85,7 +84,7 @@ class ReusePlan:
 
     @property
     def rejected_tokens(self) -> int:
-        """Usable tokens recomputed because they failed verification (or the offer expired)."""
+        """Usable tokens recomputed because they failed verification (or were not claimed)."""
         return self.usable_tokens - self.verified_tokens
 
 

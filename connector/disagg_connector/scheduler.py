@@ -4,14 +4,15 @@ Each vLLM scheduler hook goes to one of two halves, both free of vLLM:
 
 * the reader (:mod:`reader`), on both roles: admits the offers a request carries (shape,
   signature, single use), verifies them against the request's own prompt with the digest of
-  the tokens the offered KV holds, claims a D->P read on decode off the scheduling thread,
-  and gates the load on the claim's answer and prefill's measured costs;
+  the tokens the offered KV holds, claims the read on the issuer's lease service off the
+  scheduling thread, and gates the load on the claim's answer and prefill's measured costs;
 * the retainer (:mod:`retainer`), on decode: keeps finished turns' KV as leases served on the
   lease port and frees them when released, lapsed, needed by live requests or at shutdown.
+  Prefill keeps its signed offers to decode in one too, served for decode's claims only.
 
 What stays here is what touches vLLM: turning a request into plain values, publishing the
-offers this engine makes (the digest of the tokens its KV holds, decode's expiry and lease
-service, the signature, see :mod:`offer`), moving a due retention onto vLLM's freeing path,
+offers this engine makes (the digest of the tokens its KV holds, the lease service, decode's
+expiry, the signature, see :mod:`offer`), moving a due retention onto vLLM's freeing path,
 and letting an idle engine that only holds retained KV wait for input (see :mod:`idle_wait`).
 """
 
@@ -116,9 +117,7 @@ class DisaggConnectorScheduler(NixlPullConnectorScheduler):
         self.reuse_stats = DisaggKVConnectorStats()
         keys = load_offer_keys(os.environ)
         served_name = str(vllm_config.model_config.served_model_name)
-        self.signer = OfferSigner(
-            keys, model_identity(served_name, self.block_size), started_at=time.time()
-        )
+        self.signer = OfferSigner(keys, model_identity(served_name, self.block_size))
         if keys is None:
             logger.warning(
                 "No offer-signing key: offers are published unsigned, decode's retained KV "
@@ -139,6 +138,11 @@ class DisaggConnectorScheduler(NixlPullConnectorScheduler):
                 self._idle_waiter.timeout_s * 1000,
             )
         self.retainer: Retainer | None = None
+        """Decode's retentions for D->P reads (bidirectional, signed offers)."""
+        self.offered: Retainer | None = None
+        """Prefill's KV offered to decode (signed offers): claimed by decode before it reads."""
+        if keys is not None and reads is Direction.DECODE_TO_PREFILL:
+            self.offered = self._start_offered(vllm_config, credential)
         if (
             reads is Direction.PREFILL_TO_DECODE
             and self.is_bidirectional_kv_xfer_enabled
@@ -148,6 +152,7 @@ class DisaggConnectorScheduler(NixlPullConnectorScheduler):
         prefill_reads_back = reads is Direction.DECODE_TO_PREFILL and (
             self.is_bidirectional_kv_xfer_enabled
         )
+        claims = prefill_reads_back or (reads is Direction.PREFILL_TO_DECODE and keys is not None)
         config = ReaderConfig(
             reads,
             self.block_size,
@@ -163,7 +168,7 @@ class DisaggConnectorScheduler(NixlPullConnectorScheduler):
             self.signer,
             self.reuse_stats,
             self._get_remote_prefill_token_count,
-            desk=ClaimDesk(credential, claim) if prefill_reads_back else None,
+            desk=ClaimDesk(credential, claim) if claims else None,
             costs=CostModel() if prefill_reads_back else None,
         )
         self._live_requests: set[str] = set()
@@ -172,17 +177,10 @@ class DisaggConnectorScheduler(NixlPullConnectorScheduler):
     def _start_retainer(self, vllm_config: VllmConfig, credential: str | None) -> Retainer:
         """Decode: hold retentions as leases and serve them on the lease port."""
         term = vllm_config.kv_transfer_config.get_from_extra_config(EXTRA_LEASE_TERM, None)
-        table = RetentionTable(
-            float(term) if term else None,
-            CLAIM_HOLD_S,
-            clock=time.perf_counter,
-            min_hold_s=MIN_CLAIM_HOLD_S,
-        )
+        table = _claimed_table(float(term) if term else None)
         waiter = self._idle_waiter
         retainer = Retainer(table, self.block_size, waiter.wake if waiter is not None else None)
-        port = int(os.environ.get(LEASE_PORT_ENV, LEASE_PORT))
-        port += vllm_config.parallel_config.data_parallel_index
-        retainer.serve(self.side_channel_host, port, credential)
+        port = self._serve_leases(retainer, vllm_config, credential)
         logger.info(
             "Lease service on %s:%d; retentions live %s past their last renewal, at most %ss",
             self.side_channel_host,
@@ -192,6 +190,27 @@ class DisaggConnectorScheduler(NixlPullConnectorScheduler):
         )
         return retainer
 
+    def _start_offered(self, vllm_config: VllmConfig, credential: str | None) -> Retainer:
+        """Prefill: hold each signed P->D offer until decode read it or vLLM's own lease on
+        the blocks (``kv_lease_duration``, counted from when the request finished) ends, and
+        serve decode's claims on the lease port: decode reads only what prefill, on its own
+        clock, says it still holds, and only once."""
+        offered = Retainer(_claimed_table(None), self.block_size)
+        port = self._serve_leases(offered, vllm_config, credential)
+        logger.info("Lease service on %s:%d for decode's claims", self.side_channel_host, port)
+        return offered
+
+    def _serve_leases(
+        self, holder: Retainer, vllm_config: VllmConfig, credential: str | None
+    ) -> int:
+        """Start ``holder``'s lease service on this engine's lease port (0: any free port);
+        return the port it listens on."""
+        port = int(os.environ.get(LEASE_PORT_ENV, LEASE_PORT))
+        if port:
+            port += vllm_config.parallel_config.data_parallel_index
+        holder.serve(self.side_channel_host, port, credential)
+        return int(holder.lease_key()["port"])
+
     def _shutting_down(self) -> bool:
         """Whether vLLM's engine core was asked to shut down (it drains, then exits)."""
         is_running = getattr(self._engine_core, "is_running", None)
@@ -199,8 +218,9 @@ class DisaggConnectorScheduler(NixlPullConnectorScheduler):
 
     @override
     def shutdown(self) -> None:
-        if self.retainer is not None:
-            self.retainer.stop()
+        for holder in (self.retainer, self.offered):
+            if holder is not None:
+                holder.stop()
         if self.reader.desk is not None:
             self.reader.desk.close()
         super().shutdown()
@@ -276,6 +296,13 @@ class DisaggConnectorScheduler(NixlPullConnectorScheduler):
             self._retained_requests.add(request.request_id)
         if delay_free and params is not None:
             self._publish(request, params)
+            if self.offered is not None and OFFER_KEY in params:
+                self.offered.retain(
+                    request.request_id,
+                    params[OFFER_KEY]["id"],
+                    sum(len(group) for group in params["remote_block_ids"]),
+                    float(self._kv_lease_duration),
+                )
             if self.retainer is not None and params.get("do_remote_decode"):
                 self.retainer.retain(
                     request.request_id,
@@ -288,10 +315,12 @@ class DisaggConnectorScheduler(NixlPullConnectorScheduler):
         return delay_free, params
 
     def _publish(self, request: Request, params: dict[str, Any]) -> None:
-        """Sign the offer of retained blocks with the digest of the tokens they hold; decode's
-        also gets its expiry and lease service."""
+        """Sign the offer of retained blocks with the digest of the tokens they hold and the
+        lease service that answers its claims; decode's also gets its expiry."""
         now = time.time()
         if not params.get("do_remote_decode"):
+            if self.offered is not None:
+                params[LEASE_KEY] = self.offered.lease_key()
             self._publish_digest(request, params, whole_prompt=True)
             self.signer.sign(params, now, now + float(self._kv_lease_duration))
             return
@@ -331,6 +360,8 @@ class DisaggConnectorScheduler(NixlPullConnectorScheduler):
         self._retained_requests.difference_update(sent)
         if self.retainer is not None:
             self.retainer.freed(sent, self.reuse_stats)
+        if self.offered is not None:
+            self.offered.forget(sent)
 
     @override
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
@@ -367,9 +398,19 @@ class DisaggConnectorScheduler(NixlPullConnectorScheduler):
         """Hand over the reuse and verdict counts gathered since the last call, if any."""
         if self.retainer is not None:
             self.retainer.report(self.reuse_stats)
+        if self.offered is not None:
+            self.offered.report_service(self.reuse_stats)
         if self.reuse_stats.is_empty():
             return None
         return self.reuse_stats.clone_and_reset()
+
+
+def _claimed_table(lease_term_s: float | None) -> RetentionTable:
+    """A table of blocks held for readers, granting claims the contract's holds (this
+    process's ``perf_counter``: the clock vLLM's worker frees blocks by)."""
+    return RetentionTable(
+        lease_term_s, CLAIM_HOLD_S, clock=time.perf_counter, min_hold_s=MIN_CLAIM_HOLD_S
+    )
 
 
 def _note_hold(started: float, hook: str, request_id: str) -> None:

@@ -89,20 +89,24 @@ RETAIN_KEY = "disagg_retain"
 decode retains the finished request's KV for a D->P read only when asked (every other request
 frees its blocks at once, as with bidirectional off)."""
 LEASE_KEY = "disagg_lease"
-"""In an offer decode publishes: ``{"port": P, "term_s": T}``, where decode's lease service
-listens (on ``remote_host``) and how long a retention lives past its last renewal. Signed with
-the offer."""
+"""In a signed offer: ``{"port": P, "term_s": T}``, where the issuer's lease service listens
+(on ``remote_host``) and how long a retention lives past its last renewal (decode's D->P
+offers; None in prefill's P->D offers, which have no lease). Signed with the offer; the reader
+claims the blocks there before it reads."""
 
-# --- Leases: decode's retained KV, held for the router and claimed by prefill ---------------
-# Decode serves these on its lease port (JSON over HTTP, ``Authorization: Bearer <engine
-# credential>`` when the engines have one). A lease is named by decode's request id and the
-# offer id of its signed envelope (:class:`LeaseName`). Each path's body and reply are the
-# TypedDicts below; both sides build them, so mypy checks every field on each side.
+# --- Leases: blocks an engine holds for a reader --------------------------------------------
+# Decode's retained KV is held for the router (renew, release) and claimed by prefill; prefill's
+# KV of a prompt is claimed by decode (claim only). Each engine serves these on its lease port
+# (JSON over HTTP, ``Authorization: Bearer <engine credential>`` when the engines have one). A
+# lease is named by the issuer's request id and the offer id of its signed envelope
+# (:class:`LeaseName`). Each path's body and reply are the TypedDicts below; both sides build
+# them, so mypy checks every field on each side.
 LEASE_CLAIM_PATH = "/disagg/v1/leases/claim"
-"""POST :class:`ClaimCall` -> :class:`ClaimReply`: prefill asks, at each scheduling attempt,
-before it reads. Decode grants one claimant per retention, then holds the blocks for ``hold_s``
-past the grant whatever else happens (release, lease expiry, memory pressure), so a read that
-starts within :func:`claim_trust_s` of sending the claim never sees freed blocks."""
+"""POST :class:`ClaimCall` -> :class:`ClaimReply`: the reader asks when the request arrives
+(and again if it is still queued past a recheck), before it reads. The issuer grants one
+claimant per offer, then holds the blocks for ``hold_s`` past the grant whatever else happens
+(release, lease expiry, memory pressure), so a read that starts within :func:`claim_trust_s`
+of sending the claim never sees freed blocks."""
 LEASE_RENEW_PATH = "/disagg/v1/leases/renew"
 """POST :class:`RenewCall` -> :class:`RenewReply`: the router extends the leases of open
 conversations; ``gone`` names the ones decode no longer holds."""
@@ -115,8 +119,8 @@ service refuses a longer list (400). A release of this many leases with the long
 service takes fits its body limit with room to spare."""
 LEASE_CALL_TIMEOUT_S = 2.0
 """Seconds one call on the lease port may take from connecting to the last byte of the reply:
-the router's and prefill's limit on waiting, and the deadline after which decode's lease
-service closes a connection whatever state it is in."""
+the router's and the readers' limit on waiting, and the deadline after which an engine's
+lease service closes a connection whatever state it is in."""
 
 
 class LeaseName(TypedDict):
@@ -141,15 +145,15 @@ class ClaimCall(TypedDict):
     request: str
     offer: str
     claimant: str
-    """The reader, ``<engine id>:<request id>`` of prefill: the one claimant a grant names."""
+    """The reader, ``<incarnation>:<request id>``: the one claimant a grant names."""
 
 
 class ClaimReply(TypedDict):
-    """Decode's answer to a claim."""
+    """The issuer's answer to a claim."""
 
     granted: bool
     hold_s: float
-    """Seconds decode holds the blocks past the grant (0 when refused)."""
+    """Seconds the issuer holds the blocks past the grant (0 when refused)."""
     reason: str
     """Why not (a ``ClaimRefusal`` value of the connector), empty when granted."""
 
@@ -181,16 +185,17 @@ class ReleaseReply(TypedDict):
 
 
 CLAIM_HOLD_S = 30.0
-"""The longest hold decode grants (decode's clock); never past the retention's hard cap."""
+"""The longest hold an issuer grants (its own clock); never past the blocks' hard cap (decode's
+TTL, prefill's ``kv_lease_duration``)."""
 MIN_CLAIM_HOLD_S = 4.0
-"""The shortest hold decode grants: a retention closer than this to its cap is refused."""
+"""The shortest hold an issuer grants: blocks closer than this to their cap are refused."""
 
 
 def claim_trust_s(hold_s: float) -> float:
-    """Seconds after sending a claim granted ``hold_s`` within which prefill may start the read.
+    """Seconds after sending a claim granted ``hold_s`` within which the reader may start the read.
 
-    Measured on prefill's clock from before the claim was sent: the grant happened after the
-    send, so decode's hold outlasts this window whatever the two clocks say, with half the
+    Measured on the reader's clock from before the claim was sent: the grant happened after the
+    send, so the issuer's hold outlasts this window whatever the two clocks say, with half the
     hold to spare for the read itself.
     """
     return hold_s / 2
@@ -264,7 +269,8 @@ ROUTER_PORT = 8000
 SIDE_CHANNEL_PORT = 5600
 """The default NIXL side-channel port (handshakes between prefill and decode)."""
 LEASE_PORT = 5700
-"""The default port of decode's lease service (claims from prefill, renewals from the router)."""
+"""The default port of an engine's lease service: prefill's (claims from decode) and decode's
+(claims from prefill, renewals and releases from the router)."""
 
 # --- Environment variables -------------------------------------------------------------------
 SIDE_CHANNEL_HOST_ENV = "VLLM_NIXL_SIDE_CHANNEL_HOST"
@@ -272,7 +278,7 @@ SIDE_CHANNEL_HOST_ENV = "VLLM_NIXL_SIDE_CHANNEL_HOST"
 SIDE_CHANNEL_PORT_ENV = "VLLM_NIXL_SIDE_CHANNEL_PORT"
 """The NIXL side-channel port vLLM binds and advertises as ``remote_port``."""
 LEASE_PORT_ENV = "DISAGG_LEASE_PORT"
-"""The port decode's lease service binds on the side-channel host (default LEASE_PORT)."""
+"""The port an engine's lease service binds on the side-channel host (default LEASE_PORT)."""
 POD_IP_ENV = "POD_IP"
 """The pod's IP (downward API); the launcher's default side-channel host."""
 ENGINE_API_KEY_ENV = "VLLM_API_KEY"

@@ -799,7 +799,7 @@ class KvTransferSpec(ApiModel):
     rules = (
         CrossFieldRule(
             field="sideChannelPort",
-            message=f"must differ from the vLLM port {ENGINE_PORT} and decode's lease port "
+            message=f"must differ from the vLLM port {ENGINE_PORT} and the engines' lease port "
             f"{LEASE_PORT}: pick another port",
             cel=f"!has(self.sideChannelPort) || "
             f"!(self.sideChannelPort in [{ENGINE_PORT}, {LEASE_PORT}])",

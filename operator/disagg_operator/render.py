@@ -270,8 +270,10 @@ def _group_args(leader: bool) -> list[str]:
 
 
 def _serves_leases(spec: DisaggregatedModelSpec, component: Component) -> bool:
-    """Whether the component's pods run decode's lease service: decode, when bidirectional."""
-    return component is Component.DECODE and spec.kv_transfer.bidirectional
+    """Whether the component's pods run a lease service: prefill always (decode claims each
+    P->D read there), decode when bidirectional (prefill claims D->P reads, the router renews
+    and releases retentions)."""
+    return component is Component.PREFILL or spec.kv_transfer.bidirectional
 
 
 def _engine_env(
@@ -412,17 +414,17 @@ def _engine_ingress(
     name: str, spec: DisaggregatedModelSpec, component: Component, role: RoleSpec
 ) -> list[dict[str, Any]]:
     """Who may reach a role's pods: the model's router on the vLLM port, the other role on
-    the KV-transfer ports, decode's lease port (when it serves leases) from the model's router
-    (renewals, releases) and prefill (claims), the role's `allowedFrom` on the vLLM port, and
-    for a multi-node role its own pods on every port."""
+    the KV-transfer ports, the lease port (when it serves leases) from the other role (claims)
+    and on decode from the model's router (renewals, releases), the role's `allowedFrom` on
+    the vLLM port, and for a multi-node role its own pods on every port."""
     peer = Component.DECODE if component is Component.PREFILL else Component.PREFILL
     ingress = [
         {"from": [_pods_of(name, Component.ROUTER)], "ports": [_tcp(ENGINE_PORT)]},
         {"from": [_pods_of(name, peer)], "ports": _kv_ports(spec)},
     ]
     if _serves_leases(spec, component):
-        lessees = [_pods_of(name, Component.ROUTER), _pods_of(name, Component.PREFILL)]
-        ingress.append({"from": lessees, "ports": [_tcp(LEASE_PORT)]})
+        router = [_pods_of(name, Component.ROUTER)] if component is Component.DECODE else []
+        ingress.append({"from": [*router, _pods_of(name, peer)], "ports": [_tcp(LEASE_PORT)]})
     if role.allowed_from:
         ingress.append({"from": _peers(role.allowed_from), "ports": [_tcp(ENGINE_PORT)]})
     if role.multi_node:

@@ -53,6 +53,6 @@ def test_late_turn_recomputes_without_client_error(
     late = reuse_record(rig.on.prefill, conversation.turns[2].request_id)
     # Decode freed the turn at its TTL, so it refuses the claim (its clock alone decides).
     assert late.read == 0
-    refusal = rf"Claim of the D->P offer for \S*{conversation.turns[2].request_id}\S* refused"
+    refusal = rf"Claim of the D->P offer for \S*{conversation.turns[2].request_id}\S* not granted"
     assert re.search(refusal, rig.on.prefill.log_text())
     assert "Declining expired remote read" not in rig.on.prefill.log_text()

@@ -137,5 +137,5 @@ def test_a_frozen_decode_costs_only_the_turns_that_wanted_its_kv(
     log = prefill.log_text()[log_before:]
     held = [int(ms) for ms in HOLD.findall(log)]
     assert not held, f"prefill's scheduling thread held {max(held)} ms (> {HOLD_WARNING_S} s)"
-    refused = re.findall(r"Claim of the D->P offer for \S+ refused \(no answer", log)
+    refused = re.findall(r"Claim of the D->P offer for \S+ not granted \(no answer", log)
     assert len(refused) == CONVERSATIONS, log[-3000:]

@@ -30,13 +30,16 @@ FAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
 ANSWER_TOKENS = 8
 
 
-def skewed(rig: Rig, name: str, port: int, side_channel: int, skew: str) -> EngineServer:
-    """A decode whose wall clock is ``skew`` (libfaketime's "+120s" or "-120s") off.
+def skewed(
+    rig: Rig, role: Role, name: str, port: int, side_channel: int, skew: str
+) -> EngineServer:
+    """An engine whose wall clock is ``skew`` (libfaketime's "+120s" or "-120s") off.
 
     Its monotonic clock moves by the same constant (libfaketime cannot leave it alone without
     breaking Python's timed waits), which changes no duration the engine measures."""
     assert FAKETIME.exists(), "tests/engine/setup_env.sh installs libfaketime"
-    server = rig.decode_server(ServerSpec(name, Role.DECODE, port, side_channel, DECODE_CORE))
+    core = PREFILL_CORE if role is Role.PREFILL else DECODE_CORE
+    server = rig.decode_server(ServerSpec(name, role, port, side_channel, core))
     server.env.update(
         {
             "LD_PRELOAD": str(FAKETIME),
@@ -54,8 +57,8 @@ def servers(rig: Rig) -> Iterator[tuple[EngineServer, dict[str, EngineServer]]]:
         ServerSpec("prefill-restarting", Role.PREFILL, 18207, 15613, PREFILL_CORE)
     )
     decodes = {
-        "ahead": skewed(rig, "decode-ahead", 18213, 15623, "+120s"),
-        "behind": skewed(rig, "decode-behind", 18214, 15625, "-120s"),
+        "ahead": skewed(rig, Role.DECODE, "decode-ahead", 18213, 15623, "+120s"),
+        "behind": skewed(rig, Role.DECODE, "decode-behind", 18214, 15625, "-120s"),
     }
     everything = [prefill, *decodes.values()]
     start_all(everything)
@@ -77,7 +80,7 @@ def replay_is_refused(
     before = len(prefill.log_text())
     assert_recompute(ask_prefill(prefill, history, as_sent_to_prefill(offer)), recompute, "replay")
     log = prefill.log_text()[before:]
-    assert re.search(r"Claim of the D->P offer for \S+ refused", log), log[-2000:]
+    assert re.search(r"Claim of the D->P offer for \S+ not granted", log), log[-2000:]
     assert "D->P reuse" not in log or re.search(r"reading 0 tokens", log), log[-2000:]
 
 

@@ -59,6 +59,7 @@ from disagg_contract import (
     EXTRA_DECODER_TTL,
     EXTRA_RECOMPUTE_THRESHOLD,
     KV_ROLE,
+    LEASE_PORT_ENV,
     OFFER_KEY,
     OFFER_KEY_ENV,
     RETAIN_KEY,
@@ -150,6 +151,7 @@ def pair() -> Iterator[Pair]:
     init_none_hash(sha256)
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv(OFFER_KEY_ENV, KEY)
+        patch.setenv(LEASE_PORT_ENV, "0")  # both lease services in this one process
         yield Engine(build_scheduler(Role.PREFILL)), Engine(build_scheduler(Role.DECODE))
 
 

@@ -1,7 +1,8 @@
 """The reader half of the connector without vLLM: admit, verify, claim off the step, gate.
 
-Claims go to real lease services on 127.0.0.1 (decode's :class:`LeaseService` over a real
-:class:`RetentionTable`), and a frozen decode is a socket that accepts and never answers.
+Claims go to real lease services on 127.0.0.1 (the issuer's :class:`LeaseService` over a
+real :class:`RetentionTable`: decode's retentions for D->P reads, prefill's offers for P->D
+reads), and a frozen engine is a socket that accepts and never answers.
 """
 
 from __future__ import annotations
@@ -61,43 +62,76 @@ class Recorder:
 
 
 @dataclass
-class Decode:
-    """A decode's retention table served on a real lease port."""
+class Issuer:
+    """An engine's table of the blocks it offers, served on a real lease port: decode's
+    retentions (D->P, with leases) or prefill's offers of a prompt (P->D, without)."""
 
+    direction: Direction
     table: RetentionTable
     service: LeaseService
 
     def offer(self, request_id: str, held: list[int], **changes: Any) -> dict[str, Any]:
-        """Retain ``held`` as ``request_id`` and publish its signed offer."""
-        signer = OfferSigner(OfferKeys((KEY,)), MODEL, started_at=0.0)
+        """Hold ``held`` as ``request_id`` and publish its signed offer."""
+        signer = OfferSigner(OfferKeys((KEY,)), MODEL)
         now = time.time()
         params: dict[str, Any] = {
-            "do_remote_prefill": False,
-            "do_remote_decode": True,
             "remote_block_ids": [list(range(-(-len(held) // BLOCK)))],
-            "remote_engine_id": "decode-0",
             "remote_request_id": request_id,
             "remote_host": "127.0.0.1",
             "remote_port": 5600,
             "tp_size": 1,
             "remote_num_tokens": len(held),
-            TOKEN_DIGEST_KEY: TokenDigest.of_tokens(held, BLOCK).to_wire(),
-            EXPIRES_AT_KEY: now + 60,
-            LEASE_KEY: {"port": self.service.port, "term_s": 30.0},
+            LEASE_KEY: {"port": self.service.port, "term_s": self.table.lease_term_s},
         }
+        if self.direction is D2P:
+            params.update(
+                {
+                    "do_remote_prefill": False,
+                    "do_remote_decode": True,
+                    "remote_engine_id": "decode-0",
+                    TOKEN_DIGEST_KEY: TokenDigest.of_tokens(held, BLOCK).to_wire(),
+                    EXPIRES_AT_KEY: now + 60,
+                }
+            )
+        else:
+            params.update(
+                {
+                    "do_remote_prefill": True,
+                    "do_remote_decode": False,
+                    "remote_engine_id": "prefill-0",
+                    TOKEN_DIGEST_KEY: TokenDigest.of_tokens(held, BLOCK, with_tail=True).to_wire(),
+                }
+            )
         params.update(changes)
         signer.sign(params, now, now + 60)
         self.table.retain(request_id, params[OFFER_KEY]["id"], 5, 60.0)
         return params
 
 
-@pytest.fixture
-def decode() -> Iterator[Decode]:
-    table = RetentionTable(30.0, CLAIM_HOLD_S, clock=time.perf_counter)
+def _serve(direction: Direction, lease_term_s: float | None) -> Iterator[Issuer]:
+    table = RetentionTable(lease_term_s, CLAIM_HOLD_S, clock=time.perf_counter)
     service = LeaseService(table, "127.0.0.1", 0, None, lambda path, result: None)
     service.start()
-    yield Decode(table, service)
+    yield Issuer(direction, table, service)
     service.stop()
+
+
+@pytest.fixture
+def decode() -> Iterator[Issuer]:
+    yield from _serve(D2P, 30.0)
+
+
+@pytest.fixture
+def prefill() -> Iterator[Issuer]:
+    yield from _serve(P2D, None)
+
+
+@pytest.fixture(params=[D2P, P2D], ids=["decode-to-prefill", "prefill-to-decode"])
+def issuer(request: pytest.FixtureRequest) -> Issuer:
+    """Each direction's issuer in turn."""
+    name = "decode" if request.param is D2P else "prefill"
+    found: Issuer = request.getfixturevalue(name)
+    return found
 
 
 @pytest.fixture
@@ -118,8 +152,8 @@ def reader(
     decision: ReadDecision = ReadDecision.THRESHOLD,
 ) -> OfferReader:
     config = ReaderConfig(reads, BLOCK, 1, True, incarnation, decision)
-    signer = OfferSigner(OfferKeys((KEY,)), MODEL, started_at=0.0)
-    desk = ClaimDesk(None, claim, deadline_s=0.3) if reads is D2P else None
+    signer = OfferSigner(OfferKeys((KEY,)), MODEL)
+    desk = ClaimDesk(None, claim, deadline_s=0.3)
     return OfferReader(config, signer, recorder, lambda n: n, desk=desk, costs=costs)
 
 
@@ -140,7 +174,7 @@ def gate_until_answered(
     return None, time.perf_counter() - started
 
 
-def test_an_honest_offer_is_verified_claimed_and_read(decode: Decode) -> None:
+def test_an_honest_offer_is_verified_claimed_and_read(decode: Issuer) -> None:
     recorder = Recorder()
     read = reader(recorder)
     params = decode.offer("turn-1", HISTORY)
@@ -154,7 +188,7 @@ def test_an_honest_offer_is_verified_claimed_and_read(decode: Decode) -> None:
     assert decode.table.claim("turn-1", params[OFFER_KEY]["id"], "other").refusal == "claimed"
 
 
-def test_a_requests_claim_never_blocks_the_gate_of_others(decode: Decode) -> None:
+def test_a_requests_claim_never_blocks_the_gate_of_others(decode: Issuer) -> None:
     """The gate answers at once: None while a claim is out, a count for a request without one."""
     read = reader(Recorder())
     params = decode.offer("turn-1", HISTORY)
@@ -166,7 +200,7 @@ def test_a_requests_claim_never_blocks_the_gate_of_others(decode: Decode) -> Non
 
 
 def test_a_frozen_decode_costs_only_its_own_requests_each_at_most_the_deadline(
-    frozen_port: int, decode: Decode
+    frozen_port: int, decode: Issuer
 ) -> None:
     recorder = Recorder()
     read = reader(recorder)
@@ -196,33 +230,53 @@ def test_a_frozen_decode_costs_only_its_own_requests_each_at_most_the_deadline(
     assert recorder.verdicts == [(D2P, Verdict.UNCLAIMED)] * 3
 
 
-def test_a_replay_to_a_restarted_reader_is_refused_by_decodes_claim(decode: Decode) -> None:
-    """The restarted prefill is another incarnation, so another claimant: decode, which
+def test_a_replay_to_a_restarted_reader_is_refused_by_the_issuers_claim(issuer: Issuer) -> None:
+    """The restarted reader is another incarnation, so another claimant: the issuer, which
     granted the read to the first, refuses it on its own clock; no clock is compared."""
-    params = decode.offer("turn-1", HISTORY)
-    first = reader(Recorder(), incarnation="prefill-before-restart")
-    first.arrive(view("turn-2", [*HISTORY, 1]), dict(params))
-    assert gate_until_answered(first, "turn-2", dict(params), 16)[0] == 16
+    params = issuer.offer("turn-1", HISTORY)
+    prompt = [*HISTORY, 1] if issuer.direction is D2P else HISTORY
+    count = 16 if issuer.direction is D2P else len(HISTORY)
+    first = reader(Recorder(), incarnation="before-restart", reads=issuer.direction)
+    first.arrive(view("turn-2", prompt), dict(params))
+    assert gate_until_answered(first, "turn-2", dict(params), count)[0] == count
     recorder = Recorder()
-    restarted = reader(recorder, incarnation="prefill-after-restart")
+    restarted = reader(recorder, incarnation="after-restart", reads=issuer.direction)
     replay = dict(params)
-    restarted.arrive(view("turn-2", [*HISTORY, 1]), replay)
-    assert gate_until_answered(restarted, "turn-2", replay, 16)[0] == 0
+    restarted.arrive(view("turn-2", prompt), replay)
+    assert gate_until_answered(restarted, "turn-2", replay, count)[0] == 0
     restarted.finished("turn-2", aborted=False)
-    assert recorder.verdicts == [(D2P, Verdict.UNCLAIMED)]
+    assert recorder.verdicts == [(issuer.direction, Verdict.UNCLAIMED)]
 
 
-def test_an_offer_of_a_restarted_decode_is_refused(decode: Decode) -> None:
-    """A decode restarted since its offer holds no such retention (a new table)."""
-    params = decode.offer("turn-1", HISTORY)
-    decode.table.release(params["remote_request_id"], params[OFFER_KEY]["id"])
-    decode.table.take_due()
-    read = reader(Recorder())
-    read.arrive(view("turn-2", [*HISTORY, 1]), params)
+def test_an_offer_of_a_restarted_issuer_is_refused(issuer: Issuer) -> None:
+    """An issuer restarted since its offer holds no such blocks (a new table), and one that
+    freed them (read, lapsed, past vLLM's own lease) holds them no more."""
+    params = issuer.offer("turn-1", HISTORY)
+    issuer.table.forget(params["remote_request_id"])
+    prompt = [*HISTORY, 1] if issuer.direction is D2P else HISTORY
+    recorder = Recorder()
+    read = reader(recorder, reads=issuer.direction)
+    read.arrive(view("turn-2", prompt), params)
     assert gate_until_answered(read, "turn-2", params, 16)[0] == 0
+    assert "remote_block_ids" not in params, "a refused claim strips the offer: a recompute"
+    read.finished("turn-2", aborted=False)
+    assert recorder.verdicts == [(issuer.direction, Verdict.UNCLAIMED)]
 
 
-def test_a_diverged_history_reads_only_the_verified_prefix(decode: Decode) -> None:
+def test_a_signed_prefill_to_decode_offer_without_a_lease_service_is_a_recompute(
+    prefill: Issuer,
+) -> None:
+    """Nobody could say whether prefill still holds the blocks: decode reads nothing."""
+    recorder = Recorder()
+    read = reader(recorder, reads=P2D)
+    params = prefill.offer("p-1", HISTORY, **{LEASE_KEY: None})
+    read.arrive(view("d-1", HISTORY), params)
+    assert read.gate("d-1", params, len(HISTORY), 0) == 0
+    read.finished("d-1", aborted=False)
+    assert recorder.verdicts == [(P2D, Verdict.UNCLAIMED)]
+
+
+def test_a_diverged_history_reads_only_the_verified_prefix(decode: Issuer) -> None:
     recorder = Recorder()
     read = reader(recorder)
     params = decode.offer("turn-1", HISTORY)
@@ -234,7 +288,7 @@ def test_a_diverged_history_reads_only_the_verified_prefix(decode: Decode) -> No
     assert recorder.reuse == [(8, 8)]
 
 
-def test_another_tenants_salt_verifies_nothing(decode: Decode) -> None:
+def test_another_tenants_salt_verifies_nothing(decode: Issuer) -> None:
     """The digest binds the cache salt: KV made under one tenant's salt never verifies for a
     prompt sent under another's, even with the same tokens."""
     recorder = Recorder()
@@ -247,33 +301,22 @@ def test_another_tenants_salt_verifies_nothing(decode: Decode) -> None:
     assert recorder.verdicts == [(D2P, Verdict.DIVERGED)]
 
 
-def test_a_prefill_to_decode_offer_of_another_prompt_loads_only_what_matches() -> None:
+def test_a_prefill_to_decode_offer_of_another_prompt_loads_only_what_matches(
+    prefill: Issuer,
+) -> None:
     """Decode sent prompt B with prefill's signed offer of prompt A's KV."""
     recorder = Recorder()
     read = reader(recorder, reads=P2D)
     prompt_a = list(range(200, 218))
     prompt_b = [*prompt_a[:5], 9, *prompt_a[6:]]
-    signer = OfferSigner(OfferKeys((KEY,)), MODEL, started_at=0.0)
-    params: dict[str, Any] = {
-        "do_remote_prefill": True,
-        "do_remote_decode": False,
-        "remote_block_ids": [[0, 1, 2, 3, 4]],
-        "remote_engine_id": "prefill-0",
-        "remote_request_id": "p-1",
-        "remote_host": "127.0.0.1",
-        "remote_port": 5600,
-        "remote_num_tokens": 18,
-        TOKEN_DIGEST_KEY: TokenDigest.of_tokens(prompt_a, BLOCK, with_tail=True).to_wire(),
-    }
-    now = time.time()
-    signer.sign(params, now, now + 30)
+    params = prefill.offer("p-1", prompt_a)
     read.arrive(view("d-1", prompt_b), params)
-    assert read.gate("d-1", params, 18, 0) == 4
+    assert gate_until_answered(read, "d-1", params, 18)[0] == 4
     read.allocated("d-1", 4, "prefill-0")
     assert recorder.verdicts == [(P2D, Verdict.DIVERGED)]
 
 
-def test_a_read_the_measured_costs_say_is_slower_becomes_a_recompute(decode: Decode) -> None:
+def test_a_read_the_measured_costs_say_is_slower_becomes_a_recompute(decode: Issuer) -> None:
     costs = CostModel()
     for tokens in (64, 128, 256, 512):
         costs.record_compute(tokens, 0, tokens * 1e-6)
@@ -315,7 +358,7 @@ def test_dropping_a_claim_still_out_never_blocks(frozen_port: int) -> None:
 
 
 def test_a_request_queued_past_the_recheck_claims_again_and_sees_a_release(
-    decode: Decode,
+    decode: Issuer,
 ) -> None:
     """A grant is reused only briefly: a request still queued (no room yet) claims again, so a
     retention the router released meanwhile is not read."""

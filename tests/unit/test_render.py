@@ -122,18 +122,20 @@ def test_decode_lease_term_follows_the_idle_timeout(idle_timeout: int, lease_ter
     assert flag(router_container(patch)["command"], "--idle-timeout-s") == str(idle_timeout)
 
 
+BIDIRECTIONAL_OFF = {"kvTransfer": {"bidirectional": False}}
+
+
 def test_router_gets_the_default_idle_timeout() -> None:
     assert flag(router_container()["command"], "--idle-timeout-s") == "120"
 
 
-def test_decode_exposes_its_lease_port_only_when_bidirectional() -> None:
-    decode = container(None, "decode")
-    assert {"name": "lease", "containerPort": 5700} in decode["ports"]
-    assert env(decode)["DISAGG_LEASE_PORT"]["value"] == "5700"
-    prefill = container(None, "prefill")
-    assert [p["name"] for p in prefill["ports"]] == ["http", "side-channel"]
-    assert "DISAGG_LEASE_PORT" not in env(prefill)
-    off = container({"kvTransfer": {"bidirectional": False}}, "decode")
+def test_prefill_always_and_decode_when_bidirectional_expose_their_lease_port() -> None:
+    """Decode claims every P->D read on prefill's; prefill claims D->P reads on decode's."""
+    for patch, role in [(None, "decode"), (None, "prefill"), (BIDIRECTIONAL_OFF, "prefill")]:
+        served = container(patch, role)
+        assert {"name": "lease", "containerPort": 5700} in served["ports"]
+        assert env(served)["DISAGG_LEASE_PORT"]["value"] == "5700"
+    off = container(BIDIRECTIONAL_OFF, "decode")
     assert [p["name"] for p in off["ports"]] == ["http", "side-channel"]
     assert "DISAGG_LEASE_PORT" not in env(off)
 

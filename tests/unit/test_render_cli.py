@@ -83,7 +83,7 @@ def test_summary_of_a_multi_node_example_names_groups_and_open_rules(
     prefill = rows["LeaderWorkerSet", "inference/kimi-k2-prefill"]
     assert "replicas=1 nodesPerReplica=2 role=prefill tp=16 gpus=8 efa=16" in prefill
     policy = rows["NetworkPolicy", "inference/kimi-k2-prefill"]
-    assert policy.endswith("ingress router->8000 decode->5600 prefill->all")
+    assert policy.endswith("ingress router->8000 decode->5600 decode->5700 prefill->all")
 
 
 def test_several_documents_render_together(

@@ -185,24 +185,29 @@ def test_over_efa_the_engines_open_only_the_side_channel_to_each_other() -> None
             {"from": [_pods_of("router")], "ports": [{"protocol": "TCP", "port": 8000}]},
             {"from": [_pods_of(peer)], "ports": [{"protocol": "TCP", "port": 6100}]},
         ]
-    assert len(_policy(port, "prefill")["ingress"]) == 2
+    assert len(_policy(port, "prefill")["ingress"]) == 3  # and decode's claims on the lease port
 
 
-def test_decode_lease_port_is_open_to_the_model_router_and_prefill_only() -> None:
+def test_the_lease_ports_are_open_to_the_model_router_and_the_other_role_only() -> None:
     """Over EFA the KV rule opens only the side channel, so the lease rule is what lets the
-    router renew and release and prefill claim; bidirectional off, no lease port is open."""
+    router renew and release and prefill claim on decode, and decode claim on prefill;
+    bidirectional off, decode opens no lease port and prefill's still serves decode."""
+    lease_port = [{"protocol": "TCP", "port": 5700}]
     for patch in ({"kvTransfer": {"sideChannelPort": 6100}}, UCX):
         *_, lease = _policy(patch, "decode")["ingress"]
-        assert lease == {
-            "from": [_pods_of("router"), _pods_of("prefill")],
-            "ports": [{"protocol": "TCP", "port": 5700}],
-        }
-    off = _policy({"kvTransfer": {"bidirectional": False}}, "decode")["ingress"]
+        assert lease == {"from": [_pods_of("router"), _pods_of("prefill")], "ports": lease_port}
+        *_, lease = _policy(patch, "prefill")["ingress"]
+        assert lease == {"from": [_pods_of("decode")], "ports": lease_port}
+    bidirectional_off = {"kvTransfer": {"bidirectional": False}}
+    off = _policy(bidirectional_off, "decode")["ingress"]
     assert all({"protocol": "TCP", "port": 5700} not in rule["ports"] for rule in off)
     assert len(off) == 2
-    kubernetes_validate.validate(
-        _objects()[f"NetworkPolicy/{NAME}-decode"], KUBERNETES_VERSION, strict=True
-    )
+    *_, lease = _policy(bidirectional_off, "prefill")["ingress"]
+    assert lease == {"from": [_pods_of("decode")], "ports": lease_port}
+    for role in ("decode", "prefill"):
+        kubernetes_validate.validate(
+            _objects()[f"NetworkPolicy/{NAME}-{role}"], KUBERNETES_VERSION, strict=True
+        )
 
 
 def test_over_ucx_the_engines_open_every_port_but_vllm_to_each_other() -> None:
@@ -237,7 +242,7 @@ def test_role_allowed_from_opens_only_the_vllm_port_of_that_role() -> None:
     *_, lease, extra = _policy(patch, "decode")["ingress"]
     assert extra == {"from": [scraper], "ports": [{"protocol": "TCP", "port": 8000}]}
     assert scraper not in lease["from"]
-    assert len(_policy(patch, "prefill")["ingress"]) == 2
+    assert len(_policy(patch, "prefill")["ingress"]) == 3
 
 
 def test_router_ingress_is_open_by_default_and_narrowed_by_allowed_from() -> None:
