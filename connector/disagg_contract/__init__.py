@@ -184,6 +184,12 @@ class ReleaseReply(TypedDict):
     """How many of the named leases decode held until now."""
 
 
+TENANT_SHARE_DIVISOR = 2
+"""With client keys (several tenants), one tenant's default bound on the router's request slots
+is the router's whole bound divided by this, so that no tenant, slow request bodies included,
+can take every slot while another tenant is refused (``--max-requests-per-tenant`` sets
+another)."""
+
 CLAIM_HOLD_S = 30.0
 """The longest hold an issuer grants (its own clock); never past the blocks' hard cap (decode's
 TTL, prefill's ``kv_lease_duration``)."""

@@ -121,7 +121,7 @@ def create_app(config: RouterConfig) -> RouterApp:
         guard = KeyGuard(TenantKeys(folder, config.api_key, config.client_keys_refresh_s))
     slots = RequestSlots(
         config.max_concurrent_requests,
-        config.max_requests_per_tenant,
+        config.requests_per_tenant,
         dict(config.tenant_requests),
     )
     salts = CacheSalts(credential)

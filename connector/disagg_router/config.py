@@ -16,6 +16,7 @@ from disagg_contract import (
     ROUTER_API_KEY_ENV,
     ROUTER_HEADER_TIMEOUT_S,
     ROUTER_PORT,
+    TENANT_SHARE_DIVISOR,
 )
 from disagg_router.tenants import key_problem, load_tenants, read_key_file
 
@@ -82,6 +83,17 @@ class RouterConfig:
     client_keys_dir: str = ""
     client_keys_refresh_s: float = 5.0
     engine_key_file: str = ""
+
+    @property
+    def requests_per_tenant(self) -> int:
+        """One tenant's bound on the request slots: ``--max-requests-per-tenant``; by default
+        the whole bound for a router with one tenant (no client keys), and a
+        1/TENANT_SHARE_DIVISOR share of it with client keys, where several tenants share it."""
+        if self.max_requests_per_tenant is not None:
+            return self.max_requests_per_tenant
+        if self.client_keys_dir:
+            return max(1, self.max_concurrent_requests // TENANT_SHARE_DIVISOR)
+        return self.max_concurrent_requests
 
     @property
     def authenticates(self) -> bool:

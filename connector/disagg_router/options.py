@@ -13,6 +13,7 @@ from disagg_contract import (
     ENGINE_KEY_FILE_ENV,
     REDIS_PREFIX_ENV,
     ROUTER_API_KEY_ENV,
+    TENANT_SHARE_DIVISOR,
 )
 from disagg_router.config import (
     ConfigError,
@@ -201,7 +202,8 @@ def add_router_arguments(parser: argparse.ArgumentParser) -> None:
         "router without keys is one tenant) may hold at once; its further requests get 429 "
         "with Retry-After while other tenants are still served. Set it below "
         "--max-concurrent-requests so that no tenant, slow bodies included, can take every "
-        "slot (default: --max-concurrent-requests)",
+        f"slot (default: --max-concurrent-requests over {TENANT_SHARE_DIVISOR} with "
+        "--client-keys-dir, where several tenants share it; all of it without)",
     )
     limits.add_argument(
         "--tenant-requests",

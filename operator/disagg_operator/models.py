@@ -35,6 +35,7 @@ from disagg_contract import (
     SIDE_CHANNEL_HOST_ENV,
     SIDE_CHANNEL_PORT,
     SIDE_CHANNEL_PORT_ENV,
+    TENANT_SHARE_DIVISOR,
     ReadDecision,
 )
 from disagg_operator.base import ApiModel, CrossFieldRule
@@ -1024,12 +1025,13 @@ class RouterTenantsSpec(ApiModel):
         description="Generation requests one tenant may hold at once "
         "(--max-requests-per-tenant), of the router's "
         f"{ROUTER_MAX_CONCURRENT_REQUESTS} in all: a tenant past it gets 429 with Retry-After "
-        "while other tenants are still served. Setting it is how fairness between tenants is "
-        "enabled: below "
-        f"{ROUTER_MAX_CONCURRENT_REQUESTS}, no tenant, slow request bodies included, can take "
+        "while other tenants are still served, so below "
+        f"{ROUTER_MAX_CONCURRENT_REQUESTS} no tenant, slow request bodies included, can take "
         "every slot (e.g. 256 lets four tenants at their bound fill the router). Default: "
-        "unset, no bound of its own, so one tenant can hold every slot; without spec.auth "
-        "all clients are one tenant and this bounds them together.",
+        "unset, the router's own default: with spec.auth.clientKeysSecret (several tenants) "
+        f"{ROUTER_MAX_CONCURRENT_REQUESTS // TENANT_SHARE_DIVISOR}, 1/{TENANT_SHARE_DIVISOR} "
+        "of the slots; with one tenant (no spec.auth, where all clients are one tenant, or only "
+        "apiKeySecret) all of them.",
     )
     max_conversations_per_tenant: TenantConversations = Field(
         DEFAULT_CONVERSATIONS_PER_TENANT,

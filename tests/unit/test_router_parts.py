@@ -7,6 +7,7 @@ import logging
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,7 +20,7 @@ from kubernetes.client import (
 )
 
 from disagg.cli import build_parser
-from disagg_contract import Role
+from disagg_contract import TENANT_SHARE_DIVISOR, Role
 from disagg_router.config import ConfigError, DiscoveryKind, RouterConfig, require
 from disagg_router.conversation import TurnEntry
 from disagg_router.discovery.kubernetes import _SliceState, slice_endpoints
@@ -99,6 +100,24 @@ def test_tenant_shares_come_from_their_flags() -> None:
         args = build_parser().parse_args([*base, "--tenant-requests", bad])
         with pytest.raises(ConfigError, match=r"--tenant-requests: .* is not TENANT=N"):
             config_from_args(args)
+
+
+def test_with_client_keys_no_tenant_takes_every_slot_by_default(tmp_path: Path) -> None:
+    """Several tenants share a router with client keys: each may hold half its slots unless
+    told otherwise; one tenant (no keys, or only the API key) keeps every slot."""
+    from disagg_router.options import config_from_args
+
+    base = ["router", "--prefill", "http://p:8100", "--decode", "http://d:8200"]
+    base += ["--max-concurrent-requests", "9"]
+    keys = ["--client-keys-dir", str(tmp_path)]
+    share = {
+        flags: config_from_args(build_parser().parse_args([*base, *flags])).requests_per_tenant
+        for flags in ((), tuple(keys), (*keys, "--max-requests-per-tenant", "9"))
+    }
+    assert list(share.values()) == [9, 9 // TENANT_SHARE_DIVISOR, 9]
+    slots = RequestSlots(9, share[tuple(keys)], {})
+    assert sum(slots.take("alice") for _ in range(9)) == 4
+    assert slots.take("bob"), "alice's slow bodies leave bob slots"
 
 
 def test_request_slots_bound_each_tenant_under_the_whole() -> None:
