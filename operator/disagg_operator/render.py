@@ -276,6 +276,13 @@ def _serves_leases(spec: DisaggregatedModelSpec, component: Component) -> bool:
     return component is Component.PREFILL or spec.kv_transfer.bidirectional
 
 
+def _declares_lease_port(spec: DisaggregatedModelSpec, component: Component) -> bool:
+    """Whether the pod template names the lease port (container port and its variable): decode
+    when bidirectional. Prefill's service binds the same default port without either, so
+    that an operator upgrade rolls no prefill pod for it."""
+    return component is Component.DECODE and spec.kv_transfer.bidirectional
+
+
 def _engine_env(
     name: str, namespace: str, spec: DisaggregatedModelSpec, component: Component, role: RoleSpec
 ) -> list[dict[str, Any]]:
@@ -295,7 +302,7 @@ def _engine_env(
     injected.append({"name": OFFER_KEY_FILE_ENV, "value": OFFER_KEY_FILE})
     if spec.efa.enabled:
         injected.append({"name": FI_PROVIDER_ENV, "value": spec.efa.provider})
-    if _serves_leases(spec, component):
+    if _declares_lease_port(spec, component):
         injected.append({"name": LEASE_PORT_ENV, "value": str(LEASE_PORT)})
     if role.multi_node:
         revision = {"fieldPath": f"metadata.labels['{LWS_REVISION_LABEL}']"}
@@ -479,7 +486,7 @@ def _engine(
     service_selector = {**selector, LWS_WORKER_INDEX_LABEL: "0"} if role.multi_node else selector
     side_channel = {"name": "side-channel", "containerPort": spec.kv_transfer.side_channel_port}
     ports = [{"name": ENGINE_PORT_NAME, "containerPort": ENGINE_PORT}, side_channel]
-    if _serves_leases(spec, component):
+    if _declares_lease_port(spec, component):
         ports.append({"name": LEASE_PORT_NAME, "containerPort": LEASE_PORT})
     volumes = [
         {"name": CONNECTOR_VOLUME, "configMap": {"name": child_name(name, Component.CONNECTOR)}},

@@ -129,12 +129,16 @@ def test_router_gets_the_default_idle_timeout() -> None:
     assert flag(router_container()["command"], "--idle-timeout-s") == "120"
 
 
-def test_prefill_always_and_decode_when_bidirectional_expose_their_lease_port() -> None:
-    """Decode claims every P->D read on prefill's; prefill claims D->P reads on decode's."""
-    for patch, role in [(None, "decode"), (None, "prefill"), (BIDIRECTIONAL_OFF, "prefill")]:
-        served = container(patch, role)
-        assert {"name": "lease", "containerPort": 5700} in served["ports"]
-        assert env(served)["DISAGG_LEASE_PORT"]["value"] == "5700"
+def test_decode_declares_its_lease_port_only_when_bidirectional() -> None:
+    """Prefill's lease service (decode's P->D claims) binds the default port undeclared, so that
+    its pod template, and an operator upgrade, leave prefill pods alone; its NetworkPolicy
+    opens the port (test_render_security)."""
+    decode = container(None, "decode")
+    assert {"name": "lease", "containerPort": 5700} in decode["ports"]
+    assert env(decode)["DISAGG_LEASE_PORT"]["value"] == "5700"
+    prefill = container(None, "prefill")
+    assert [p["name"] for p in prefill["ports"]] == ["http", "side-channel"]
+    assert "DISAGG_LEASE_PORT" not in env(prefill)
     off = container(BIDIRECTIONAL_OFF, "decode")
     assert [p["name"] for p in off["ports"]] == ["http", "side-channel"]
     assert "DISAGG_LEASE_PORT" not in env(off)
