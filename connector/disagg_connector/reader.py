@@ -45,7 +45,7 @@ from disagg_connector.prefix_digest import PromptInputs
 from disagg_connector.read_cost import Choice, CostModel, Decision, Estimates
 from disagg_connector.retention import Grant
 from disagg_connector.reuse_plan import ReusePlan, Verdict, cut_params, plan_pull, plan_reuse
-from disagg_contract import LEASE_KEY, OFFER_KEY, ReadDecision, claim_trust_s
+from disagg_contract import LEASE_KEY, OFFER_KEY, ReadDecision, ReadReport, claim_trust_s
 
 logger = logging.getLogger(f"vllm.{__name__}")
 
@@ -100,6 +100,9 @@ class ReadState:
 
     direction: Direction
     plan: ReusePlan
+    checked: ReusePlan
+    """The plan as the digest left it, before a claim or a read decision turned it into a
+    recompute: what the router is told of the offer."""
     decision: Decision | None = None
     trust_until: float = 0.0
     """A granted claim may start the read until then (the desk's clock)."""
@@ -138,6 +141,9 @@ class OfferReader:
         """Prefill, per request computing: when first scheduled, its tokens, the tokens before."""
         self._reading: dict[str, tuple[float, int, str]] = {}
         """Prefill, per D->P read in flight: when it started, its tokens, the decode engine."""
+        self._reports: dict[str, ReadReport] = {}
+        """Prefill, per request whose D->P offer was verified: what became of it, until the
+        request finishes and its answer carries it to the router."""
 
     def __contains__(self, request_id: str) -> bool:
         return request_id in self._states
@@ -207,7 +213,7 @@ class OfferReader:
         if view.embeds:
             plan = ReusePlan(Verdict.PROMPT_EMBEDS, plan.offered_tokens, plan.usable_tokens, 0)
         cut_params(params, plan, self.config.block_size)
-        self._states[view.request_id] = ReadState(direction, plan)
+        self._states[view.request_id] = ReadState(direction, plan, plan)
         logger.info(
             "%s offer for %s from engine %s: %s, offered %d tokens, usable %d, verified %d, "
             "rejected %d",
@@ -347,6 +353,7 @@ class OfferReader:
             return
         if num_external_tokens and self.costs is not None:
             self._reading[request_id] = (self._clock(), num_external_tokens, engine)
+        self._reports[request_id] = _report(state.checked, num_external_tokens)
         self.recorder.record_reuse(num_external_tokens, state.plan.rejected_tokens)
         logger.info(
             "D->P reuse for %s: reading %d tokens from decode, recomputing %d rejected",
@@ -356,19 +363,23 @@ class OfferReader:
         )
 
     # --- 4. finished ----------------------------------------------------------------------
-    def finished(self, request_id: str, aborted: bool) -> None:
-        """The request ended: count an offer never allocated, sample prefill's compute."""
+    def finished(self, request_id: str, aborted: bool) -> ReadReport | None:
+        """The request ended: count an offer never allocated, sample prefill's compute, and
+        return what became of its D->P offer (None without one)."""
         self._drop_claim(request_id)
         self._reading.pop(request_id, None)
+        report = self._reports.pop(request_id, None)
         state = self._states.pop(request_id, None)
         if state is not None:
             self.recorder.record_verdict(state.direction, state.plan.verdict)
+            if state.direction is Direction.DECODE_TO_PREFILL:
+                report = _report(state.checked, 0)
         started = self._computing.pop(request_id, None)
-        if started is None or self.costs is None or aborted:
-            return
-        at, tokens, start = started
-        self.costs.record_compute(tokens, start, self._clock() - at)
-        self.recorder.record_estimates(self.costs.estimates())
+        if started is not None and self.costs is not None and not aborted:
+            at, tokens, start = started
+            self.costs.record_compute(tokens, start, self._clock() - at)
+            self.recorder.record_estimates(self.costs.estimates())
+        return report
 
     def scheduled(self, new: Iterable[tuple[str, int, int]], preempted: Iterable[str]) -> None:
         """Prefill: start timing each new request's compute (request id, prompt tokens,
@@ -422,6 +433,18 @@ class OfferReader:
 def remote_engine(params: dict[str, Any] | None) -> str:
     """The engine id an offer's ``params`` name: the engine its KV would be read from."""
     return str((params or {}).get("remote_engine_id"))
+
+
+def _report(checked: ReusePlan, read: int) -> ReadReport:
+    """The router's account of an offer the digest ``checked``, of which ``read`` tokens were
+    read: only a history that differs from decode's counts as diverged."""
+    diverged = checked.rejected_tokens if checked.verdict is Verdict.DIVERGED else 0
+    return ReadReport(
+        offered=checked.offered_tokens,
+        verified=checked.verified_tokens,
+        diverged=diverged,
+        read=read,
+    )
 
 
 def _arrow(direction: Direction) -> str:

@@ -58,6 +58,7 @@ from disagg_contract import (
     LEASE_PORT_ENV,
     MIN_CLAIM_HOLD_S,
     OFFER_KEY,
+    READ_REPORT_KEY,
     RETAIN_KEY,
     TOKEN_DIGEST_KEY,
     ReadDecision,
@@ -276,7 +277,7 @@ class DisaggConnectorScheduler(NixlPullConnectorScheduler):
     ) -> tuple[bool, dict[str, Any] | None]:
         self._live_requests.discard(request.request_id)
         aborted = request.status is RequestStatus.FINISHED_ABORTED
-        self.reader.finished(request.request_id, aborted)
+        report = self.reader.finished(request.request_id, aborted)
         asked = request.kv_transfer_params
         delay_free, params = super().request_finished(request, block_ids)
         keep = (
@@ -312,6 +313,8 @@ class DisaggConnectorScheduler(NixlPullConnectorScheduler):
                 )
         elif self.retainer is not None:
             self.retainer.finished(request.request_id)
+        if report is not None and params is not None:
+            params[READ_REPORT_KEY] = dict(report)
         return delay_free, params
 
     def _publish(self, request: Request, params: dict[str, Any]) -> None:

@@ -243,6 +243,25 @@ def lease_term_s(idle_timeout_s: float) -> float:
     return 3 * renewal_period_s(idle_timeout_s)
 
 
+READ_REPORT_KEY = "disagg_read"
+"""In prefill's answer (its ``kv_transfer_params``), for the router only: what became of the D->P
+offer the turn carried (:class:`ReadReport`). Not signed; the router never sends it on."""
+
+
+class ReadReport(TypedDict):
+    """Prefill's account of one D->P offer, in tokens."""
+
+    offered: int
+    """Tokens of the turn's history decode's offer held."""
+    verified: int
+    """Of those, the tokens in whole blocks whose digest matched the new prompt."""
+    diverged: int
+    """Tokens the offer could have covered that failed verification: the history the client
+    sent back differs from what decode held (an edited message, an answer re-rendered)."""
+    read: int
+    """Tokens prefill read back (verified, claimed and worth reading)."""
+
+
 REUSE_SUMMARY_PATH = "/disagg/v1/reuse"
 """GET on the router -> :class:`ReuseSummary` as JSON: what the operator copies into status."""
 
@@ -265,6 +284,12 @@ class ReuseSummary(TypedDict):
     store_errors: int
     """Conversation store operations that failed: each cost a turn its reuse (or left an entry
     to expire on its own); ``disagg_router_store_errors_total`` by operation."""
+    offered_tokens: int
+    """Tokens decode's offers held on the turns that carried one (prefill's read reports)."""
+    verified_tokens: int
+    """Of those, the tokens whose digest matched the turn's prompt."""
+    diverged_tokens: int
+    """Tokens lost to a history that differs from what decode held."""
 
 
 # --- Ports -----------------------------------------------------------------------------------

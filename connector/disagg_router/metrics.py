@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from disagg_contract import ReleaseReason, ReuseSummary
+from disagg_contract import ReadReport, ReleaseReason, ReuseSummary
 from disagg_router.replicas import ReplicaPool
 
 GONE = "gone"
 """The release label of a lease decode no longer held when the router renewed it."""
 RELEASE_LABELS = (*(reason.value for reason in ReleaseReason), GONE)
+OFFER_TOKEN_KINDS: tuple[Literal["offered", "verified", "diverged"], ...] = (
+    "offered",
+    "verified",
+    "diverged",
+)
+"""The kind label of ``disagg_router_offer_tokens``: the counts of prefill's read reports."""
 STORE_OPERATIONS = ("begin_turn", "commit", "restore", "drop", "forget")
 """The operation label of a failed store call (exported at zero from the start, so that an
 alert on the counter's increase sees the first failure)."""
@@ -137,6 +145,15 @@ class RouterMetrics:
             ["result"],
             registry=reg,
         )
+        self.offer_tokens = Counter(
+            "disagg_router_offer_tokens",
+            "Tokens of decode's offers on conversation turns, as prefill reported them, by kind: "
+            "offered (the history decode held), verified (whole blocks whose digest matched the "
+            "turn's prompt) and diverged (lost to a history that differs from decode's: an edited "
+            "message or an answer sent back changed).",
+            ["kind"],
+            registry=reg,
+        )
         self.reuse_prompt_tokens = Counter(
             "disagg_router_reuse_prompt_tokens",
             "Prompt tokens of conversation turns that prefill reused (prefix cache or D->P read) "
@@ -167,11 +184,14 @@ class RouterMetrics:
             self.reuse_turns.labels(result)
         for kind in ("reused", "recomputed"):
             self.reuse_prompt_tokens.labels(kind)
+        for kind in OFFER_TOKEN_KINDS:
+            self.offer_tokens.labels(kind)
         for label in RELEASE_LABELS:
             self.lease_releases.labels(label)
         for operation in STORE_OPERATIONS:
             self.store_errors.labels(operation)
         self._turns = self._hits = self._reused = self._recomputed = 0
+        self._offer_tokens = dict.fromkeys(OFFER_TOKEN_KINDS, 0)
         self._released = dict.fromkeys(RELEASE_LABELS, 0)
 
     def reuse_turn(self, hit: bool, reused: int, recomputed: int) -> None:
@@ -183,6 +203,12 @@ class RouterMetrics:
         self._hits += hit
         self._reused += reused
         self._recomputed += recomputed
+
+    def offer_read(self, report: ReadReport) -> None:
+        """Count prefill's report of the offer a conversation turn carried."""
+        for kind in OFFER_TOKEN_KINDS:
+            self.offer_tokens.labels(kind).inc(report[kind])
+            self._offer_tokens[kind] += report[kind]
 
     def lease_released(self, reason: str) -> None:
         """Count a lease dropped for ``reason`` (a ``ReleaseReason`` value or ``GONE``)."""
@@ -199,6 +225,9 @@ class RouterMetrics:
             leases_held=leases_held,
             released=dict(self._released),
             store_errors=int(_total(self.store_errors)),
+            offered_tokens=self._offer_tokens["offered"],
+            verified_tokens=self._offer_tokens["verified"],
+            diverged_tokens=self._offer_tokens["diverged"],
         )
 
     def render(self, pools: tuple[ReplicaPool, ...]) -> bytes:

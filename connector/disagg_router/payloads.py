@@ -4,7 +4,8 @@ Prefill gets the client's body as a one-token request with ``do_remote_decode: t
 a conversation hit, decode's params from the previous turn (prefill reads decode's blocks:
 D->P); decode gets the client's body with what prefill returned (decode reads prefill's
 blocks: P->D). Shapes follow vLLM's NIXL pull connector; extra keys an engine adds pass
-through untouched. Decode's own params are taken out of its answer before the client sees it.
+through untouched, but for prefill's read report (``READ_REPORT_KEY``), which is the router's
+and goes no further. Decode's own params are taken out of its answer before the client sees it.
 
 Both calls carry the tenant's ``cache_salt`` (``salts``) in place of any the client sent.
 
@@ -18,7 +19,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from disagg_contract import CACHE_SALT_KEY, KV_TRANSFER_PARAMS, RETAIN_KEY
+from disagg_contract import (
+    CACHE_SALT_KEY,
+    KV_TRANSFER_PARAMS,
+    READ_REPORT_KEY,
+    RETAIN_KEY,
+    ReadReport,
+)
 from disagg_router.conversation import TurnEntry
 
 KV_MARKER = f'"{KV_TRANSFER_PARAMS}"'.encode()
@@ -87,11 +94,32 @@ def prefill_params(entry: TurnEntry | None) -> dict[str, Any]:
 
 
 def decode_params(params: dict[str, Any] | None, retain: bool) -> dict[str, Any] | None:
-    """Prefill's ``params`` for decode, asking decode to retain the turn's KV when ``retain``
-    (a conversation turn the router will commit; any other turn's KV is freed at once)."""
-    if params is None or not retain:
-        return params
-    return {**params, RETAIN_KEY: True}
+    """Prefill's ``params`` for decode, without prefill's read report, asking decode to retain
+    the turn's KV when ``retain`` (a conversation turn the router will commit; any other turn's
+    KV is freed at once)."""
+    if params is None:
+        return None
+    sent = {key: value for key, value in params.items() if key != READ_REPORT_KEY}
+    if retain:
+        sent[RETAIN_KEY] = True
+    return sent
+
+
+def read_report(params: object) -> ReadReport | None:
+    """Prefill's report of the D->P offer in its answer's ``params``, or None when it has none
+    (or one that is not counts of tokens)."""
+    report = params.get(READ_REPORT_KEY) if isinstance(params, dict) else None
+    if not isinstance(report, dict):
+        return None
+    counts = {key: report.get(key) for key in ReadReport.__annotations__}
+    if not all(type(value) is int and value >= 0 for value in counts.values()):
+        return None
+    return ReadReport(
+        offered=report["offered"],
+        verified=report["verified"],
+        diverged=report["diverged"],
+        read=report["read"],
+    )
 
 
 def routable(params: object, replica_host: str) -> dict[str, Any] | None:

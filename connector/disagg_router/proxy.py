@@ -69,6 +69,7 @@ from disagg_router.payloads import (
     json_object,
     prefill_params,
     prompt_usage,
+    read_report,
     routable,
     strip_from_events,
 )
@@ -297,6 +298,9 @@ class ProxyService:
             self._metrics.reuse_turn(
                 turn.offered and reused > 0, reused, turn.prompt_tokens - reused
             )
+            report = read_report(turn.prefilled.get(KV_TRANSFER_PARAMS)) if turn.offered else None
+            if report is not None:
+                self._metrics.offer_read(report)
 
     async def decode(self, turn: Turn) -> None:
         """3. Decode with prefill's params (decode reads prefill's blocks: P->D), on the

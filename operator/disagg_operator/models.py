@@ -1404,6 +1404,19 @@ class ReuseStatus(ApiModel):
         description="Conversation store operations that failed (each cost a turn its reuse); "
         "above zero, check the routers' store (Redis) and disagg_router_store_errors_total.",
     )
+    offered_tokens: Count = Field(
+        0, description="Tokens decode offered prefill on conversation turns (its retained KV)."
+    )
+    verified_tokens: Count = Field(
+        0,
+        description="Of those, the tokens whose digest matched the turn's prompt (whole blocks).",
+    )
+    diverged_tokens: Count = Field(
+        0,
+        description="Offered tokens lost because the history a client sent back differs from "
+        "what decode held (an edited message, an answer re-rendered): recomputed. Send each "
+        "answer back exactly as received to keep this at zero.",
+    )
     routers: Count = Field(0, description="Router replicas the figures were summed over.")
     observed_at: Annotated[str, StringConstraints(max_length=64)] | None = Field(
         None,

@@ -40,8 +40,14 @@ SUMMED_FIELDS = (
     "recomputed_tokens",
     "leases_held",
     "store_errors",
+    "offered_tokens",
+    "verified_tokens",
+    "diverged_tokens",
 )
 """The counters of a ReuseSummary that status carries, summed over a model's routers."""
+LATER_FIELDS = frozenset({"offered_tokens", "verified_tokens", "diverged_tokens"})
+"""Counters added to the summary after its first form: a router that predates them (the
+operator upgraded first) counts as zero for them instead of failing the reading."""
 
 
 @dataclass(frozen=True)
@@ -102,7 +108,7 @@ def parse_summary(payload: object) -> dict[str, int]:
         raise ValueError("the answer is not a JSON object")
     counters = {}
     for field in SUMMED_FIELDS:
-        value = payload.get(field)
+        value = payload.get(field, 0 if field in LATER_FIELDS else None)
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise ValueError(f"{field} is not a non-negative integer: {value!r}")
         counters[field] = value
@@ -128,6 +134,9 @@ def summed(summaries: Sequence[Mapping[str, int]]) -> ReuseStatus:
             "recomputedTokens": totals["recomputed_tokens"],
             "leasesHeld": totals["leases_held"],
             "storeErrors": totals["store_errors"],
+            "offeredTokens": totals["offered_tokens"],
+            "verifiedTokens": totals["verified_tokens"],
+            "divergedTokens": totals["diverged_tokens"],
             "routers": len(summaries),
         }
     )

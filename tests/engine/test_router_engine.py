@@ -79,6 +79,7 @@ def test_edited_history_reuses_only_the_verified_prefix_and_matches_off(
     edited = " ".join([*words[:130], "zzzz", *words[131:]])
     conversation = f"edit-{uuid.uuid4().hex[:8]}"
     system = SYSTEM
+    counted = {kind: offer_tokens(routers.on, kind) for kind in OFFER_KINDS}
     on_first = ask(routers.on, conversation, [system, {"role": "user", "content": first}], False)
     off_first = ask(routers.off, conversation, [system, {"role": "user", "content": first}], False)
     messages = [
@@ -92,6 +93,21 @@ def test_edited_history_reuses_only_the_verified_prefix_and_matches_off(
     assert_same([on_first, on_second], [off_first, off_second])
     record = reuse_record(rig.on.prefill, on_second.request_id)
     assert record.verdict == "diverged" and record.rejected > 0, record
+    # Prefill's read report reached the router: what it offered, verified and lost.
+    reported = {kind: offer_tokens(routers.on, kind) - counted[kind] for kind in OFFER_KINDS}
+    assert reported == {
+        "offered": record.offered,
+        "verified": record.verified,
+        "diverged": record.rejected,
+    }
+
+
+OFFER_KINDS = ("offered", "verified", "diverged")
+
+
+def offer_tokens(router: RouterProcess, kind: str) -> float:
+    """The router's count of offered tokens of this ``kind`` (prefill's read reports)."""
+    return metric(router, "disagg_router_offer_tokens_total", kind=kind)
 
 
 @pytest.fixture

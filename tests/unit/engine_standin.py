@@ -8,8 +8,10 @@ the body). Given a lease port, a decode retains and offers only when the router 
 id) and records it in ``retained`` (and ``offers``), which a test's lease-service stand-in
 serves. A prefill that receives decode params with blocks reports those tokens as cached,
 which is how the router's reuse metrics are checked (``prefix_cached_tokens`` plays prefill's
-prefix cache). Tests steer it through ``StandinState`` (injected failures, delays) and read
-back what it received.
+prefix cache), and answers with a read report as the connector's prefill does
+(``READ_REPORT_KEY``; ``diverged_tokens`` plays a history that differs from decode's).
+Tests steer it through ``StandinState`` (injected failures, delays) and read back what it
+received.
 
 Run alone (benchmarks): ``python tests/unit/engine_standin.py --role decode --port 8200``.
 """
@@ -37,6 +39,7 @@ from disagg_contract import (
     LEASE_KEY,
     OFFER_KEY,
     OFFER_WIRE_VERSION,
+    READ_REPORT_KEY,
     RETAIN_KEY,
     SIDE_CHANNEL_PORT,
 )
@@ -63,6 +66,7 @@ class StandinState:
     fail_statuses: list[int] = field(default_factory=list)
     api_key: str | None = None
     prefix_cached_tokens: int = 0
+    diverged_tokens: int = 0
     lease_port: int | None = None
     lease_term_s: float = 30.0
     retained: set[tuple[str, str]] = field(default_factory=set)
@@ -217,9 +221,19 @@ def _prefill(
 ) -> dict[str, Any]:
     params = body.get(KV_TRANSFER_PARAMS) or {}
     cached = min(state.prefix_cached_tokens, prompt_tokens)
+    published = _kv_params(state, request_id, prompt_tokens)
     if params.get("do_remote_decode") and params.get("remote_block_ids"):
-        cached = min(max(cached, int(params.get("remote_num_tokens") or 0)), prompt_tokens)
+        offered = int(params.get("remote_num_tokens") or 0)
+        diverged = min(state.diverged_tokens, offered)
+        read = min(offered - diverged, prompt_tokens)
+        cached = max(cached, read)
         state.reads.append(params)
+        published[READ_REPORT_KEY] = {
+            "offered": offered,
+            "verified": offered - diverged,
+            "diverged": diverged,
+            "read": read,
+        }
     return {
         "id": request_id,
         "object": "chat.completion" if chat else "text_completion",
@@ -227,7 +241,7 @@ def _prefill(
         "model": MODEL,
         "choices": [_choice(chat, answer_words(body, 1)[0], "length")],
         "usage": _usage(prompt_tokens, 1, cached),
-        KV_TRANSFER_PARAMS: _kv_params(state, request_id, prompt_tokens),
+        KV_TRANSFER_PARAMS: published,
     }
 
 

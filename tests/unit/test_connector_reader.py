@@ -286,6 +286,38 @@ def test_a_diverged_history_reads_only_the_verified_prefix(decode: Issuer) -> No
     read.allocated("turn-2", 8, "decode-0")
     assert recorder.verdicts == [(D2P, Verdict.DIVERGED)]
     assert recorder.reuse == [(8, 8)]
+    report = read.finished("turn-2", aborted=False)
+    assert report == {"offered": 18, "verified": 8, "diverged": 8, "read": 8}
+
+
+def test_the_router_hears_what_became_of_each_offer_once(decode: Issuer, frozen_port: int) -> None:
+    """Prefill's answer tells the router the offered, verified, diverged and read tokens: an
+    honest offer reads its whole blocks; an unanswered claim reads nothing and is no
+    divergence; a request without an offer, or asked twice, has no report."""
+    read = reader(Recorder())
+    honest = decode.offer("turn-1", HISTORY)
+    read.arrive(view("honest", [*HISTORY, 1]), honest)
+    assert gate_until_answered(read, "honest", honest, 16)[0] == 16
+    read.allocated("honest", 16, "decode-0")
+    assert read.finished("honest", aborted=False) == {
+        "offered": 18,
+        "verified": 16,
+        "diverged": 0,
+        "read": 16,
+    }
+    assert read.finished("honest", aborted=False) is None
+    frozen = decode.offer("turn-1b", HISTORY, **{LEASE_KEY: {"port": frozen_port, "term_s": 30.0}})
+    read.arrive(view("frozen", [*HISTORY, 1]), frozen)
+    assert gate_until_answered(read, "frozen", frozen, 16)[0] == 0
+    read.allocated("frozen", 0, "decode-0")
+    assert read.finished("frozen", aborted=False) == {
+        "offered": 18,
+        "verified": 16,
+        "diverged": 0,
+        "read": 0,
+    }
+    read.arrive(view("one-shot", HISTORY), None)
+    assert read.finished("one-shot", aborted=False) is None
 
 
 def test_another_tenants_salt_verifies_nothing(decode: Issuer) -> None:

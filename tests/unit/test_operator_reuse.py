@@ -83,7 +83,9 @@ def test_hit_ratio_is_a_percentage_of_turns(hits: int, turns: int, ratio: str | 
 def test_summaries_are_summed_over_routers() -> None:
     one = parse_summary(summary(turns=10, hits=4, reused_tokens=4000, recomputed_tokens=600))
     two = parse_summary(summary(turns=6, hits=4, reused_tokens=3000, leases_held=3, store_errors=2))
-    total = summed([one, two])
+    offers = {"offered_tokens": 9000, "verified_tokens": 8000, "diverged_tokens": 1000}
+    three = parse_summary(summary(**offers))
+    total = summed([one, two, three])
     assert total.model_dump(exclude_none=True) == {
         "hitRatio": "50.0%",
         "turns": 16,
@@ -92,8 +94,21 @@ def test_summaries_are_summed_over_routers() -> None:
         "recomputedTokens": 600,
         "leasesHeld": 3,
         "storeErrors": 2,
-        "routers": 2,
+        "offeredTokens": 9000,
+        "verifiedTokens": 8000,
+        "divergedTokens": 1000,
+        "routers": 3,
     }
+
+
+def test_a_router_older_than_the_offer_counters_counts_zero_for_them() -> None:
+    """The operator may be upgraded before the routers roll: their answers still count."""
+    older = parse_summary(summary())
+    assert (older["offered_tokens"], older["verified_tokens"], older["diverged_tokens"]) == (
+        0,
+        0,
+        0,
+    )
 
 
 @pytest.mark.parametrize(
@@ -105,6 +120,7 @@ def test_summaries_are_summed_over_routers() -> None:
         ({**summary(), "reused_tokens": 1.5}, "reused_tokens"),
         ({k: v for k, v in summary().items() if k != "leases_held"}, "leases_held"),
         ({**summary(), "store_errors": None}, "store_errors"),
+        ({**summary(), "diverged_tokens": -4}, "diverged_tokens"),
     ],
 )
 def test_a_router_answer_that_is_not_a_summary_is_refused(payload: object, says: str) -> None:
@@ -124,6 +140,9 @@ def test_the_status_shape_is_short_camel_case_and_admitted_by_the_crd() -> None:
         "recomputedTokens": 0,
         "leasesHeld": 0,
         "storeErrors": 0,
+        "offeredTokens": 0,
+        "verifiedTokens": 0,
+        "divergedTokens": 0,
         "routers": 1,
         "observedAt": NOW,
     }

@@ -26,6 +26,7 @@ from disagg_contract import (
     LEASE_RELEASE_PATH,
     LEASE_RENEW_PATH,
     OFFER_KEY,
+    READ_REPORT_KEY,
     RETAIN_KEY,
     REUSE_SUMMARY_PATH,
     LeaseName,
@@ -371,6 +372,9 @@ def test_the_reuse_summary_is_open_and_matches_the_metrics(
             "gone": 0,
         },
         "store_errors": 0,
+        "offered_tokens": 14,
+        "verified_tokens": 14,
+        "diverged_tokens": 0,
     }
     assert metric(client, "disagg_router_reuse_turns_total", result="hit") == 1
     assert metric(client, "disagg_router_reuse_turns_total", result="miss") == 1
@@ -404,6 +408,24 @@ def test_lease_calls_that_fail_never_fail_or_slow_a_turn(failure: str) -> None:
         wait_until(lambda: failures["release"]() >= 1, 6, "a failed release counted")
         wait_until(lambda: failures["renew"]() >= 1, 6, "a failed renewal counted")
         assert held(client) == 1, "a failed renewal drops nothing"
+
+
+def test_tokens_lost_to_divergence_are_counted_and_the_report_stays_with_the_router(
+    tenants: tuple[RouterRig, LeaseServiceStandIn, httpx.Client],
+) -> None:
+    """Prefill's read report on a turn whose history differs from decode's (4 of the 14 offered
+    tokens diverged) shows in the metric and the reuse summary; decode never sees it."""
+    rig, _, client = tenants
+    rig.prefill[0].state.diverged_tokens = 4
+    turn(client, "edited", "one two three four", key=KEYS["alice"])
+    turn(client, "edited", "five six seven eight", key=KEYS["alice"])
+    summary = client.get(REUSE_SUMMARY_PATH).json()
+    counted = {kind: summary[f"{kind}_tokens"] for kind in ("offered", "verified", "diverged")}
+    assert counted == {"offered": 14, "verified": 10, "diverged": 4}
+    for kind, tokens in counted.items():
+        assert metric(client, "disagg_router_offer_tokens_total", kind=kind) == tokens
+    sent = [body[KV_TRANSFER_PARAMS] for body in rig.decode[0].state.received]
+    assert len(sent) == 2 and all(READ_REPORT_KEY not in params for params in sent)
 
 
 def test_two_routers_on_one_redis_each_renew_what_they_committed() -> None:
