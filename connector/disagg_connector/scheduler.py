@@ -250,16 +250,18 @@ class DisaggConnectorScheduler(NixlPullConnectorScheduler):
     def _matched_tokens(
         self, request: Request, num_computed_tokens: int
     ) -> tuple[int | None, bool]:
-        if self.retainer is not None:
-            self.retainer.asked(request.request_id, request.num_tokens, num_computed_tokens)
         count, load_async = super().get_num_new_matched_tokens(request, num_computed_tokens)
         params = request.kv_transfer_params
-        if request.request_id not in self.reader or not isinstance(params, dict):
-            return count, load_async
-        gated = self.reader.gate(request.request_id, params, count, num_computed_tokens)
-        if gated is None:
-            return None, False
-        return gated, load_async and gated > 0
+        if request.request_id in self.reader and isinstance(params, dict):
+            gated = self.reader.gate(request.request_id, params, count, num_computed_tokens)
+            if gated is None:
+                # Waiting for its claim's answer: vLLM will ask again, which is no sign that
+                # the request found no room, so the retainer does not hear of it.
+                return None, False
+            count, load_async = gated, load_async and gated > 0
+        if self.retainer is not None:
+            self.retainer.asked(request.request_id, request.num_tokens, num_computed_tokens)
+        return count, load_async
 
     @override
     def update_state_after_alloc(

@@ -46,6 +46,7 @@ from vllm.v1.structured_output import StructuredOutputManager
 
 from conftest import MODEL_DIR
 from disagg.rig.engine import MODEL_NAME, ensure_model
+from disagg_connector.lease_service import claim
 from disagg_connector.offer import BOUND_KEYS
 from disagg_connector.offer_form import REMOTE_FIELDS, Direction, pull_direction
 from disagg_connector.prefix_digest import TokenDigest
@@ -367,6 +368,31 @@ def test_an_offer_decode_no_longer_holds_is_refused_by_its_claim(pair: Pair) -> 
     assert d2p["remote_request_id"] in [rid for rid, _ in retainer.table.take_due()]
     prefill.verdicts()
     assert recompute_check(prefill, prefill_params_for(d2p)) == ["decode_to_prefill:unclaimed"]
+
+
+def test_a_request_waiting_for_its_claim_frees_no_retained_kv(
+    pair: Pair, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While its P->D claim is out, decode tells vLLM "not yet" and vLLM asks again each
+    step: that is no request short of room, so decode's retained turns stay held."""
+    prefill, decode = pair
+    d2p = first_turn(pair, PROMPT)
+    retainer, desk = decode.side.retainer, decode.side.reader.desk
+    assert retainer is not None and desk is not None
+
+    def slow_claim(*args: Any) -> Any:
+        time.sleep(0.1)  # a few dozen scheduling steps
+        return claim(*args)
+
+    monkeypatch.setattr(desk, "_send", slow_claim)
+    other = list(range(500, 560))
+    p2d, _ = drive(prefill, request(other, prefill_params(None), 1))
+    assert p2d is not None
+    _, reads = drive(decode, request(other, copy.deepcopy(p2d), len(ANSWER)))
+    assert len(reads) == 1, "the claim was granted and the prompt read"
+    assert retainer.table.renew(d2p["remote_request_id"], d2p[OFFER_KEY]["id"]), (
+        "turn 1's retention was released while a claim was out"
+    )
 
 
 @pytest.mark.parametrize("skew_s", [-120.0, 120.0])
