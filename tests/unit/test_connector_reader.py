@@ -295,27 +295,15 @@ def test_the_router_hears_what_became_of_each_offer_once(decode: Issuer, frozen_
     honest offer reads its whole blocks; an unanswered claim reads nothing and is no
     divergence; a request without an offer, or asked twice, has no report."""
     read = reader(Recorder())
-    honest = decode.offer("turn-1", HISTORY)
-    read.arrive(view("honest", [*HISTORY, 1]), honest)
-    assert gate_until_answered(read, "honest", honest, 16)[0] == 16
-    read.allocated("honest", 16, "decode-0")
-    assert read.finished("honest", aborted=False) == {
-        "offered": 18,
-        "verified": 16,
-        "diverged": 0,
-        "read": 16,
-    }
-    assert read.finished("honest", aborted=False) is None
-    frozen = decode.offer("turn-1b", HISTORY, **{LEASE_KEY: {"port": frozen_port, "term_s": 30.0}})
-    read.arrive(view("frozen", [*HISTORY, 1]), frozen)
-    assert gate_until_answered(read, "frozen", frozen, 16)[0] == 0
-    read.allocated("frozen", 0, "decode-0")
-    assert read.finished("frozen", aborted=False) == {
-        "offered": 18,
-        "verified": 16,
-        "diverged": 0,
-        "read": 0,
-    }
+    frozen_lease = {LEASE_KEY: {"port": frozen_port, "term_s": 30.0}}
+    for request_id, changes, read_tokens in [("honest", {}, 16), ("frozen", frozen_lease, 0)]:
+        params = decode.offer(f"{request_id}-turn-1", HISTORY, **changes)
+        read.arrive(view(request_id, [*HISTORY, 1]), params)
+        assert gate_until_answered(read, request_id, params, 16)[0] == read_tokens
+        read.allocated(request_id, read_tokens, "decode-0")
+        report = read.finished(request_id, aborted=False)
+        assert report == {"offered": 18, "verified": 16, "diverged": 0, "read": read_tokens}
+        assert read.finished(request_id, aborted=False) is None
     read.arrive(view("one-shot", HISTORY), None)
     assert read.finished("one-shot", aborted=False) is None
 
