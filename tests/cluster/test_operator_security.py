@@ -188,19 +188,21 @@ def test_keys_tenants_and_network_policies(
         assert not _can(kubectl, namespace, router_sa, verb, "secrets")
 
     # The NetworkPolicies: as rendered, owned by the model; decode's opens its lease port to
-    # the model's router and prefill pods only.
+    # the model's router and prefill pods only, prefill's (decode's P->D claims) to decode's.
     assert _policies_as_rendered(kubectl, namespace, policies)
     for name in POLICIES:
         (owner,) = _get(kubectl, namespace, "networkpolicy", name)["metadata"]["ownerReferences"]
         assert (owner["uid"], owner["controller"]) == (uid, True)
-    decode_ingress = _get(kubectl, namespace, "networkpolicy", POLICIES[1])["spec"]["ingress"]
-    lease_rules = [
-        r for r in decode_ingress if {"port": LEASE_PORT, "protocol": "TCP"} in r["ports"]
-    ]
-    assert [
-        [peer["podSelector"]["matchLabels"]["app.kubernetes.io/component"] for peer in r["from"]]
-        for r in lease_rules
-    ] == [["router", "prefill"]]
+    for policy, lessees in [(POLICIES[1], ["router", "prefill"]), (POLICIES[0], ["decode"])]:
+        ingress = _get(kubectl, namespace, "networkpolicy", policy)["spec"]["ingress"]
+        lease_rules = [r for r in ingress if {"port": LEASE_PORT, "protocol": "TCP"} in r["ports"]]
+        assert [
+            [
+                peer["podSelector"]["matchLabels"]["app.kubernetes.io/component"]
+                for peer in r["from"]
+            ]
+            for r in lease_rules
+        ] == [lessees], policy
 
     # A hand edit opens prefill to every pod, another deletes the router's policy, and a
     # person rotates the offer key (new key first, old second): the policies are repaired,
