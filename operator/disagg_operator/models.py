@@ -432,6 +432,7 @@ PodId = Annotated[int, Field(ge=0, le=2147483647)]
 FileMode = Annotated[int, Field(ge=0, le=0o777)]
 MAX_POD_VOLUMES = 32
 """The most volumes (and mounts) a role adds: the admission checks compare them pairwise."""
+MAX_SPREAD_CONSTRAINTS = 8
 
 POD_LABELS_RULE = CrossFieldRule(
     field="podLabels",
@@ -1124,7 +1125,7 @@ class RoleSpec(ApiModel):
     )
     topology_spread_constraints: list[TopologySpreadConstraint] = Field(
         default_factory=list,
-        max_length=8,
+        max_length=MAX_SPREAD_CONSTRAINTS,
         description="How the role's pods spread over zones or nodes, e.g. "
         "{topologyKey: kubernetes.io/hostname} for one server per node. The operator's zone "
         "affinity (prefill and decode in one zone) still applies. Default: none.",
@@ -1506,7 +1507,7 @@ class RouterSpec(ApiModel):
     )
     topology_spread_constraints: list[TopologySpreadConstraint] = Field(
         default_factory=list,
-        max_length=8,
+        max_length=MAX_SPREAD_CONSTRAINTS,
         description="How the router pods spread over zones or nodes, e.g. "
         "{topologyKey: topology.kubernetes.io/zone, whenUnsatisfiable: ScheduleAnyway}. "
         "Default: none.",
