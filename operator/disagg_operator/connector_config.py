@@ -19,9 +19,7 @@ from disagg_contract import (
     Role,
     lease_term_s,
 )
-from disagg_operator.models import DisaggregatedModelSpec
-
-CONFIG_DIR = "/etc/disagg"
+from disagg_operator.models import CONFIG_DIR, DisaggregatedModelSpec
 
 
 def kv_transfer_config(spec: DisaggregatedModelSpec, role: Role) -> dict[str, Any]:

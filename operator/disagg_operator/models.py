@@ -64,6 +64,17 @@ NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 
 MODEL_MOUNT_PATH = "/models"
 """Where the model cache is mounted (HF_HOME) unless `model.cache.mountPath` says otherwise."""
+CONFIG_DIR = "/etc/disagg"
+"""The operator's folder in the serving containers: the connector config, the offer-signing
+keys below it."""
+SHM_MOUNT_PATH = "/dev/shm"
+CONNECTOR_VOLUME = "connector-config"
+OFFER_KEY_VOLUME = "offer-key"
+CACHE_VOLUME = "model-cache"
+SHM_VOLUME = "dshm"
+MANAGED_VOLUMES = (CONNECTOR_VOLUME, OFFER_KEY_VOLUME, CACHE_VOLUME, SHM_VOLUME)
+"""The volumes the operator gives every prefill and decode pod: a role's own volumes take
+other names."""
 
 ROUTER_TTL_SAFETY_SECONDS = 30
 """The router forgets a conversation this long before decode frees its retained blocks."""
@@ -185,7 +196,7 @@ class ImageSpec(ApiModel):
 
 
 class PvcSource(ApiModel):
-    """A PersistentVolumeClaim holding the model cache."""
+    """A PersistentVolumeClaim in the model's namespace."""
 
     claim_name: ObjectName = Field(description="Name of the PersistentVolumeClaim.")
     read_only: bool = Field(False, description="Mount the claim read-only.")
@@ -252,6 +263,11 @@ class ModelSpec(ApiModel):
     def served_model_name(self) -> str:
         """The name clients use: `servedName`, else `name`."""
         return self.served_name if self.served_name is not None else self.name
+
+    @property
+    def cache_mount_path(self) -> str:
+        """Where the serving containers mount the model cache (HF_HOME)."""
+        return self.cache.mount_path if self.cache is not None else MODEL_MOUNT_PATH
 
 
 class EnvVar(ApiModel):
@@ -396,6 +412,336 @@ class NetworkPeer(ApiModel):
 
 
 Peers = Annotated[list[NetworkPeer], Field(max_length=32)]
+
+
+# ---- pod settings of the roles and the router -----------------------------------------------
+
+DnsLabel = Annotated[
+    str, StringConstraints(min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+]
+DnsSubdomain = Annotated[
+    str,
+    StringConstraints(
+        min_length=1,
+        max_length=253,
+        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$",
+    ),
+]
+PodId = Annotated[int, Field(ge=0, le=2147483647)]
+"""A user or group id (Kubernetes' int64, held to what a Linux id can be)."""
+FileMode = Annotated[int, Field(ge=0, le=0o777)]
+MAX_POD_VOLUMES = 32
+"""The most volumes (and mounts) a role adds: the admission checks compare them pairwise."""
+MAX_SPREAD_CONSTRAINTS = 8
+
+POD_LABELS_RULE = CrossFieldRule(
+    field="podLabels",
+    message="must not set app.kubernetes.io/ labels: the operator owns them (selectors)",
+    cel=f"!has(self.podLabels) || self.podLabels.all(k, !k.startsWith('{RESERVED_LABEL_PREFIX}'))",
+    check=lambda m: not any(k.startswith(RESERVED_LABEL_PREFIX) for k in m.pod_labels),
+)
+"""Pod labels leave the operator's selector labels alone (engines and router alike)."""
+POD_ANNOTATIONS_RULE = CrossFieldRule(
+    field="podAnnotations",
+    message=f"must not set {RESERVED_ANNOTATION_PREFIX} annotations: the operator owns them "
+    "(the connector config hash that rolls the pods)",
+    cel="!has(self.podAnnotations) || "
+    f"self.podAnnotations.all(k, !k.startsWith('{RESERVED_ANNOTATION_PREFIX}'))",
+    check=lambda m: not any(k.startswith(RESERVED_ANNOTATION_PREFIX) for k in m.pod_annotations),
+)
+"""Pod annotations leave the operator's own keys alone (engines and router alike)."""
+
+PodAnnotations = Annotated[
+    dict[LabelKey, Annotated[str, StringConstraints(max_length=4096)]], Field(max_length=64)
+]
+PodLabels = Annotated[dict[LabelKey, LabelValue], Field(max_length=32)]
+
+
+class PodSecurityContext(ApiModel):
+    """The pod-level security context (a subset of Kubernetes' PodSecurityContext)."""
+
+    fs_group: PodId | None = Field(
+        None,
+        description="Group that owns the pod's volumes and is added to every container's "
+        "groups, e.g. so that a non-root container reads a projected ServiceAccount token "
+        "(EKS IRSA) or writes a shared cache. Default: unset, volumes keep their ownership.",
+    )
+    fs_group_change_policy: Literal["Always", "OnRootMismatch"] | None = Field(
+        None,
+        description="With fsGroup: Always re-owns each volume at every mount; OnRootMismatch "
+        "only when its root folder's owner differs (much faster on a large model cache). "
+        "Default: unset, Kubernetes' Always.",
+    )
+    run_as_user: PodId | None = Field(
+        None, description="User the containers run as. Default: unset, the image's user."
+    )
+    run_as_group: PodId | None = Field(
+        None, description="Primary group the containers run as. Default: unset, the image's."
+    )
+    run_as_non_root: bool | None = Field(
+        None,
+        description="Refuse to start a container whose user is root. Default: unset, not checked.",
+    )
+    supplemental_groups: list[PodId] = Field(
+        default_factory=list,
+        max_length=32,
+        description="Further groups of every container's first process. Default: none.",
+    )
+
+
+class TopologySpreadConstraint(ApiModel):
+    """How a component's pods spread over a topology (Kubernetes' TopologySpreadConstraint)."""
+
+    rules = (
+        CrossFieldRule(
+            field="minDomains",
+            message="needs whenUnsatisfiable: DoNotSchedule (Kubernetes counts domains only "
+            "for a hard constraint)",
+            cel="!has(self.minDomains) || !has(self.whenUnsatisfiable) || "
+            "self.whenUnsatisfiable == 'DoNotSchedule'",
+            check=lambda m: m.min_domains is None or m.when_unsatisfiable == "DoNotSchedule",
+        ),
+    )
+
+    max_skew: Annotated[int, Field(ge=1, le=1000)] = Field(
+        1,
+        description="The most the number of matching pods may differ between two domains.",
+    )
+    topology_key: LabelKey = Field(
+        description="The node label whose values are the domains, e.g. "
+        "topology.kubernetes.io/zone or kubernetes.io/hostname."
+    )
+    when_unsatisfiable: Literal["DoNotSchedule", "ScheduleAnyway"] = Field(
+        "DoNotSchedule",
+        description="DoNotSchedule: a pod that would break maxSkew stays Pending. "
+        "ScheduleAnyway: it is scheduled, preferring the domains that reduce the skew.",
+    )
+    label_selector: LabelSelector | None = Field(
+        None,
+        description="The pods counted. Default: unset, this component's pods of this model "
+        "(its workload's selector).",
+    )
+    min_domains: Annotated[int, Field(ge=1, le=1000)] | None = Field(
+        None,
+        description="With DoNotSchedule: the fewest domains counted, so that pods spread to "
+        "new domains (e.g. zones where Karpenter has no node yet). Default: unset, the "
+        "domains that exist.",
+    )
+
+
+class SecretVolumeSource(ApiModel):
+    """Every key of a Secret in the model's namespace, one file each."""
+
+    secret_name: ObjectName = Field(description="Secret name.")
+    optional: bool = Field(False, description="Start the pod even when the Secret is missing.")
+    default_mode: FileMode | None = Field(
+        None, description="Mode bits of the files (e.g. 256 for 0400). Default: 0644."
+    )
+
+
+class ConfigMapVolumeSource(ApiModel):
+    """Every key of a ConfigMap in the model's namespace, one file each."""
+
+    name: ObjectName = Field(description="ConfigMap name.")
+    optional: bool = Field(False, description="Start the pod even when the ConfigMap is missing.")
+    default_mode: FileMode | None = Field(
+        None, description="Mode bits of the files (e.g. 256 for 0400). Default: 0644."
+    )
+
+
+class EmptyDirVolumeSource(ApiModel):
+    """A folder created empty with the pod and deleted with it."""
+
+    medium: Literal["Memory"] | None = Field(
+        None,
+        description="Memory: a tmpfs counted as the pod's memory. Default: unset, the node's disk.",
+    )
+    size_limit: Quantity | None = Field(
+        None, description="The most the folder may hold (e.g. 10Gi). Default: unset, no limit."
+    )
+
+
+class HostPathVolumeSource(ApiModel):
+    """A file or folder of the node."""
+
+    path: AbsolutePath = Field(description="Absolute path on the node.")
+    type: (
+        Literal[
+            "DirectoryOrCreate",
+            "Directory",
+            "FileOrCreate",
+            "File",
+            "Socket",
+            "CharDevice",
+            "BlockDevice",
+        ]
+        | None
+    ) = Field(None, description="What the path must be. Default: unset, not checked.")
+
+
+class CsiVolumeSource(ApiModel):
+    """A volume a CSI driver provides inline, e.g. the Secrets Store CSI driver's AWS
+    provider (driver secrets-store.csi.k8s.io, volumeAttributes.secretProviderClass)."""
+
+    driver: Annotated[str, StringConstraints(min_length=1, max_length=63)] = Field(
+        description="The CSI driver's name, e.g. secrets-store.csi.k8s.io."
+    )
+    read_only: bool = Field(False, description="Mount the volume read-only.")
+    volume_attributes: dict[
+        Annotated[str, StringConstraints(max_length=253)],
+        Annotated[str, StringConstraints(max_length=4096)],
+    ] = Field(
+        default_factory=dict,
+        max_length=32,
+        description="The driver's own settings. Default: none.",
+    )
+
+
+_VOLUME_SOURCES = ("secret", "configMap", "emptyDir", "persistentVolumeClaim", "hostPath", "csi")
+
+
+class Volume(ApiModel):
+    """One extra volume of a role's pods: a name and exactly one source."""
+
+    rules = (
+        CrossFieldRule(
+            field="name",
+            message="set exactly one of " + ", ".join(_VOLUME_SOURCES) + " as the source",
+            cel=" + ".join(f"(has(self.{s}) ? 1 : 0)" for s in _VOLUME_SOURCES) + " == 1",
+            check=lambda m: (
+                [
+                    m.secret,
+                    m.config_map,
+                    m.empty_dir,
+                    m.persistent_volume_claim,
+                    m.host_path,
+                    m.csi,
+                ].count(None)
+                == len(_VOLUME_SOURCES) - 1
+            ),
+        ),
+    )
+
+    name: DnsLabel = Field(
+        description="Volume name (a DNS label), unique in the role and none of the operator's "
+        "(" + ", ".join(MANAGED_VOLUMES) + ")."
+    )
+    secret: SecretVolumeSource | None = Field(None, description="A Secret's keys as files.")
+    config_map: ConfigMapVolumeSource | None = Field(
+        None, description="A ConfigMap's keys as files."
+    )
+    empty_dir: EmptyDirVolumeSource | None = Field(None, description="An empty scratch folder.")
+    persistent_volume_claim: PvcSource | None = Field(
+        None, description="A PersistentVolumeClaim, e.g. an EFS or FSx for Lustre volume."
+    )
+    host_path: HostPathVolumeSource | None = Field(None, description="A path of the node.")
+    csi: CsiVolumeSource | None = Field(None, description="An inline CSI volume.")
+
+
+class VolumeMount(ApiModel):
+    """Where the serving container mounts one of the role's volumes."""
+
+    rules = (
+        CrossFieldRule(
+            field="subPath",
+            message="must be a relative path without '..' (a path inside the volume)",
+            cel="!has(self.subPath) || "
+            "(!self.subPath.startsWith('/') && !self.subPath.contains('..'))",
+            check=lambda m: (
+                m.sub_path is None or not (m.sub_path.startswith("/") or ".." in m.sub_path)
+            ),
+        ),
+    )
+
+    name: DnsLabel = Field(description="A volume of the role's volumes.")
+    mount_path: AbsolutePath = Field(
+        description=f"Absolute path in the container; not the operator's ({CONFIG_DIR} and "
+        f"below, {SHM_MOUNT_PATH}, spec.model.cache.mountPath), unique in the role."
+    )
+    read_only: bool = Field(False, description="Mount the volume read-only.")
+    sub_path: Annotated[str, StringConstraints(min_length=1, max_length=1024)] | None = Field(
+        None, description="A path inside the volume to mount instead of its root. Default: unset."
+    )
+
+
+def _names_unique(names: list[str]) -> bool:
+    return len(set(names)) == len(names)
+
+
+def _duplicates(names: list[str]) -> str:
+    """The names given more than once, for a refusal."""
+    twice = sorted({name for name in names if names.count(name) > 1})
+    return "given twice: " + ", ".join(twice)
+
+
+def _managed_mount(path: str) -> bool:
+    """Whether a mount path is one the operator mounts (its folder, and anything below it, or
+    the shared memory); the model cache's is checked by the spec, which knows it."""
+    return path in (SHM_MOUNT_PATH, f"{SHM_MOUNT_PATH}/", CONFIG_DIR) or path.startswith(
+        f"{CONFIG_DIR}/"
+    )
+
+
+_MANAGED_MOUNT_CEL = (
+    f"m.mountPath in ['{SHM_MOUNT_PATH}', '{SHM_MOUNT_PATH}/', '{CONFIG_DIR}'] || "
+    f"m.mountPath.startsWith('{CONFIG_DIR}/')"
+)
+_MANAGED_VOLUMES_CEL = "[" + ", ".join(f"'{name}'" for name in MANAGED_VOLUMES) + "]"
+
+
+def _unmounted(m: RoleSpec) -> list[str]:
+    """The mounts naming no volume of the role."""
+    volumes = {volume.name for volume in m.volumes}
+    return [mount.name for mount in m.volume_mounts if mount.name not in volumes]
+
+
+VOLUME_RULES = (
+    CrossFieldRule(
+        field="volumes",
+        message="must not use a volume name the operator gives every pod ("
+        + ", ".join(MANAGED_VOLUMES)
+        + "): pick another name",
+        cel=f"!has(self.volumes) || self.volumes.all(v, !(v.name in {_MANAGED_VOLUMES_CEL}))",
+        check=lambda m: not any(volume.name in MANAGED_VOLUMES for volume in m.volumes),
+        explain=lambda m: (
+            "refused "
+            + ", ".join(volume.name for volume in m.volumes if volume.name in MANAGED_VOLUMES)
+        ),
+    ),
+    CrossFieldRule(
+        field="volumes",
+        message="each volume name must be unique in the role",
+        cel="!has(self.volumes) || "
+        "self.volumes.all(v, self.volumes.exists_one(w, w.name == v.name))",
+        check=lambda m: _names_unique([volume.name for volume in m.volumes]),
+        explain=lambda m: _duplicates([volume.name for volume in m.volumes]),
+    ),
+    CrossFieldRule(
+        field="volumeMounts",
+        message="each mount must name one of the role's volumes (spec.<role>.volumes)",
+        cel="!has(self.volumeMounts) || self.volumeMounts.all(m, "
+        "has(self.volumes) && self.volumes.exists(v, v.name == m.name))",
+        check=lambda m: not _unmounted(m),
+        explain=lambda m: "no volume " + ", ".join(_unmounted(m)),
+    ),
+    CrossFieldRule(
+        field="volumeMounts",
+        message=f"must not mount at a path the operator mounts ({CONFIG_DIR} and below, "
+        f"{SHM_MOUNT_PATH}): pick another mountPath",
+        cel=f"!has(self.volumeMounts) || self.volumeMounts.all(m, !({_MANAGED_MOUNT_CEL}))",
+        check=lambda m: not any(_managed_mount(mount.mount_path) for mount in m.volume_mounts),
+    ),
+    CrossFieldRule(
+        field="volumeMounts",
+        message="each mountPath must be unique in the role",
+        cel="!has(self.volumeMounts) || "
+        "self.volumeMounts.all(m, self.volumeMounts.exists_one(n, n.mountPath == m.mountPath))",
+        check=lambda m: _names_unique([mount.mount_path for mount in m.volume_mounts]),
+        explain=lambda m: _duplicates([mount.mount_path for mount in m.volume_mounts]),
+    ),
+)
+"""A role's own volumes and mounts beside the operator's, which the pods could not hold
+together."""
 
 
 _RESERVED_ENV_CEL = "[" + ", ".join(f"'{name}'" for name in RESERVED_ENV) + "]"
@@ -656,13 +1002,9 @@ class RoleSpec(ApiModel):
             cel="!has(self.replicas) || !has(self.autoscaling)",
             check=lambda m: m.replicas is None or m.autoscaling is None,
         ),
-        CrossFieldRule(
-            field="podLabels",
-            message="must not set app.kubernetes.io/ labels: the operator owns them (selectors)",
-            cel="!has(self.podLabels) || "
-            f"self.podLabels.all(k, !k.startsWith('{RESERVED_LABEL_PREFIX}'))",
-            check=lambda m: not any(k.startswith(RESERVED_LABEL_PREFIX) for k in m.pod_labels),
-        ),
+        POD_LABELS_RULE,
+        POD_ANNOTATIONS_RULE,
+        *VOLUME_RULES,
     )
 
     replicas: Annotated[int, Field(ge=0, le=64)] | None = Field(
@@ -750,11 +1092,55 @@ class RoleSpec(ApiModel):
         description="Kubernetes affinity. Without podAffinity the operator adds one keeping "
         "prefill and decode pods in one zone.",
     )
-    pod_annotations: dict[LabelKey, Annotated[str, StringConstraints(max_length=4096)]] = Field(
-        default_factory=dict, max_length=64, description="Extra pod annotations."
+    pod_annotations: PodAnnotations = Field(
+        default_factory=dict,
+        description=f"Extra pod annotations; {RESERVED_ANNOTATION_PREFIX} keys are the "
+        "operator's. Default: none.",
     )
-    pod_labels: dict[LabelKey, LabelValue] = Field(
-        default_factory=dict, max_length=32, description="Extra pod labels."
+    pod_labels: PodLabels = Field(
+        default_factory=dict,
+        description=f"Extra pod labels; {RESERVED_LABEL_PREFIX} keys are the operator's "
+        "(selectors). Default: none.",
+    )
+    service_account_name: DnsSubdomain | None = Field(
+        None,
+        description="ServiceAccount the pods run as, in the model's namespace (it must exist, "
+        "or the StatefulSet cannot create them), e.g. one annotated "
+        "eks.amazonaws.com/role-arn for IAM roles for service accounts (IRSA) or associated "
+        "with an EKS Pod Identity, so that the servers read S3 (weights) or other AWS APIs. "
+        "Default: unset, the namespace's default ServiceAccount. The router keeps its own, "
+        "which holds its discovery permissions.",
+    )
+    pod_security_context: PodSecurityContext | None = Field(
+        None,
+        description="The pods' security context, e.g. fsGroup so that a non-root server reads "
+        "its projected token (IRSA) and writes the model cache. The operator sets none at pod "
+        "level (with EFA it adds IPC_LOCK to the container's own), so nothing here is "
+        "overridden. Default: unset.",
+    )
+    priority_class_name: DnsSubdomain | None = Field(
+        None,
+        description="PriorityClass of the pods (it must exist), e.g. so that GPU servers "
+        "preempt batch work. Default: unset, the cluster's default priority.",
+    )
+    topology_spread_constraints: list[TopologySpreadConstraint] = Field(
+        default_factory=list,
+        max_length=MAX_SPREAD_CONSTRAINTS,
+        description="How the role's pods spread over zones or nodes, e.g. "
+        "{topologyKey: kubernetes.io/hostname} for one server per node. The operator's zone "
+        "affinity (prefill and decode in one zone) still applies. Default: none.",
+    )
+    volumes: list[Volume] = Field(
+        default_factory=list,
+        max_length=MAX_POD_VOLUMES,
+        description="Extra volumes of the pods, beside the operator's ("
+        + ", ".join(MANAGED_VOLUMES)
+        + "), mounted through volumeMounts. Default: none.",
+    )
+    volume_mounts: list[VolumeMount] = Field(
+        default_factory=list,
+        max_length=MAX_POD_VOLUMES,
+        description="Where the serving container mounts the extra volumes. Default: none.",
     )
     allowed_from: Peers = Field(
         default_factory=list,
@@ -1052,7 +1438,12 @@ class RouterTenantsSpec(ApiModel):
 
 
 class RouterSpec(ApiModel):
-    """The KV-cache-aware router in front of prefill and decode."""
+    """The KV-cache-aware router in front of prefill and decode.
+
+    The router pods run as the model's own router ServiceAccount (named like the router),
+    which the operator binds to the Role that lets it discover prefill and decode pods; so
+    the router takes no serviceAccountName, and no extra volumes (it reads no model data).
+    """
 
     rules = (
         CrossFieldRule(
@@ -1071,6 +1462,8 @@ class RouterSpec(ApiModel):
             "(has(self.serviceType) && self.serviceType == 'LoadBalancer')",
             check=_source_ranges_fit,
         ),
+        POD_LABELS_RULE,
+        POD_ANNOTATIONS_RULE,
     )
 
     replicas: Annotated[int, Field(ge=0, le=64)] = Field(1, description="Router replicas.")
@@ -1096,6 +1489,28 @@ class RouterSpec(ApiModel):
     )
     tolerations: list[Toleration] = Field(
         default_factory=list, max_length=32, description="Tolerations of the router pods."
+    )
+    pod_annotations: PodAnnotations = Field(
+        default_factory=dict,
+        description="Extra annotations of the router pods; "
+        f"{RESERVED_ANNOTATION_PREFIX} keys are the operator's. Default: none.",
+    )
+    pod_labels: PodLabels = Field(
+        default_factory=dict,
+        description=f"Extra labels of the router pods; {RESERVED_LABEL_PREFIX} keys are the "
+        "operator's (selectors). Default: none.",
+    )
+    priority_class_name: DnsSubdomain | None = Field(
+        None,
+        description="PriorityClass of the router pods (it must exist). Default: unset, the "
+        "cluster's default priority.",
+    )
+    topology_spread_constraints: list[TopologySpreadConstraint] = Field(
+        default_factory=list,
+        max_length=MAX_SPREAD_CONSTRAINTS,
+        description="How the router pods spread over zones or nodes, e.g. "
+        "{topologyKey: topology.kubernetes.io/zone, whenUnsatisfiable: ScheduleAnyway}. "
+        "Default: none.",
     )
     redis: RedisSpec | None = Field(
         None,
@@ -1235,6 +1650,25 @@ def _signal_rule(role: str) -> CrossFieldRule:
     )
 
 
+def _mounts_miss_cache(spec: DisaggregatedModelSpec, role: str) -> bool:
+    path = spec.model.cache_mount_path
+    mounts = getattr(spec, role).volume_mounts
+    return not any(mount.mount_path in (path, f"{path}/") for mount in mounts)
+
+
+def _cache_mount_rule(role: str) -> CrossFieldRule:
+    """A role's own mounts leave the model cache's mount path alone."""
+    path = f"(has(self.model.cache) ? self.model.cache.mountPath : '{MODEL_MOUNT_PATH}')"
+    return CrossFieldRule(
+        field=f"{role}.volumeMounts",
+        message="must not mount at the model cache's path (spec.model.cache.mountPath, "
+        f"default {MODEL_MOUNT_PATH}): pick another mountPath",
+        cel=f"!has(self.{role}.volumeMounts) || self.{role}.volumeMounts.all(m, "
+        f"m.mountPath != {path} && m.mountPath != {path} + '/')",
+        check=lambda m: _mounts_miss_cache(m, role),
+    )
+
+
 ROLE_SIGNALS: dict[str, tuple[AutoscalingSignal, ...]] = {
     "prefill": PREFILL_SIGNALS,
     "decode": DECODE_SIGNALS,
@@ -1263,6 +1697,8 @@ class DisaggregatedModelSpec(ApiModel):
     rules = (
         _signal_rule("prefill"),
         _signal_rule("decode"),
+        _cache_mount_rule("prefill"),
+        _cache_mount_rule("decode"),
         CrossFieldRule(
             field="router.conversationTtlSeconds",
             message="must be less than spec.kvTransfer.decoderKvBlocksTtlSeconds - "

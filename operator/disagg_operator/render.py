@@ -34,30 +34,32 @@ from disagg_contract import (
     SIDE_CHANNEL_PORT_ENV,
     Role,
 )
-from disagg_operator.connector_config import (
-    CONFIG_DIR,
-    config_file,
-    config_hash,
-    config_map_data,
-)
+from disagg_operator.connector_config import config_file, config_hash, config_map_data
 from disagg_operator.engine_metrics import SIGNALS, decimal_text, hpa_metric_name, role_selector
 from disagg_operator.errors import SpecError
 from disagg_operator.models import (
+    CACHE_VOLUME,
+    CONFIG_DIR,
+    CONNECTOR_VOLUME,
     DRAIN_DELAY_SECONDS,
     HASH_SEED_ENV,
     MAX_MULTI_NODE_NAME_LENGTH,
-    MODEL_MOUNT_PATH,
     MULTI_NODE_NAME_MESSAGE,
+    OFFER_KEY_VOLUME,
     ROUTER_MAX_CONCURRENT_REQUESTS,
+    SHM_MOUNT_PATH,
+    SHM_VOLUME,
     AutoscalingSpec,
     DisaggregatedModelSpec,
     NetworkPeer,
     RedisUrlSecret,
     ResourceOverrides,
     RoleSpec,
+    RouterSpec,
     RouterTenantsSpec,
     SecretKeyRef,
     Toleration,
+    TopologySpreadConstraint,
 )
 from disagg_operator.names import (
     COMPONENT_LABEL,
@@ -91,10 +93,6 @@ HOSTNAME_TOPOLOGY_KEY = "kubernetes.io/hostname"
 HEALTH_PATH = "/health"
 ENGINE_PORT_NAME = "http"
 LEASE_PORT_NAME = "lease"
-CONNECTOR_VOLUME = "connector-config"
-CACHE_VOLUME = "model-cache"
-SHM_VOLUME = "dshm"
-OFFER_KEY_VOLUME = "offer-key"
 ENGINE_KEY_VOLUME = "engine-key"
 CLIENT_KEYS_VOLUME = "client-keys"
 OFFER_KEY_FILE = f"{OFFER_KEY_DIR}/{SECRET_KEY_NAME}"
@@ -293,7 +291,7 @@ def _engine_env(
             "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}},
         },
         {"name": SIDE_CHANNEL_PORT_ENV, "value": str(spec.kv_transfer.side_channel_port)},
-        {"name": "HF_HOME", "value": _cache_mount_path(spec)},
+        {"name": "HF_HOME", "value": spec.model.cache_mount_path},
     ]
     if spec.model.token_secret is not None:
         injected.append(_secret_env("HF_TOKEN", spec.model.token_secret))
@@ -312,10 +310,6 @@ def _engine_env(
     user = [var.model_dump(exclude_none=True) for var in role.env]
     user_names = {var.name for var in role.env}
     return [var for var in injected if var["name"] not in user_names] + user
-
-
-def _cache_mount_path(spec: DisaggregatedModelSpec) -> str:
-    return spec.model.cache.mount_path if spec.model.cache is not None else MODEL_MOUNT_PATH
 
 
 def _cache_volume(spec: DisaggregatedModelSpec) -> dict[str, Any]:
@@ -344,6 +338,38 @@ def _tolerations(spec: DisaggregatedModelSpec, role: RoleSpec) -> list[dict[str,
     keys = [GPU_RESOURCE, EFA_RESOURCE] if spec.efa.enabled else [GPU_RESOURCE]
     base = [{"key": key, "operator": "Exists", "effect": "NoSchedule"} for key in keys]
     return base + _user_tolerations(role.tolerations)
+
+
+def _spread(
+    constraints: list[TopologySpreadConstraint], selector: dict[str, str]
+) -> list[dict[str, Any]]:
+    """Topology spread constraints as Kubernetes takes them; one without a labelSelector
+    counts the component's own pods (`selector`)."""
+    spread = []
+    for constraint in constraints:
+        rendered = constraint.model_dump(exclude_none=True)
+        if constraint.label_selector is None:
+            rendered["labelSelector"] = {"matchLabels": selector}
+        else:
+            rendered["labelSelector"] = constraint.label_selector.model_dump(exclude_defaults=True)
+        spread.append(rendered)
+    return spread
+
+
+def _pod_extras(owner: RoleSpec | RouterSpec, selector: dict[str, str]) -> dict[str, Any]:
+    """The pod-spec fields a role (or the router) sets beyond the operator's, only those set:
+    an unset field adds no key, so that an operator upgrade that brings a new field rolls no
+    pod."""
+    extras: dict[str, Any] = {}
+    if isinstance(owner, RoleSpec) and owner.service_account_name is not None:
+        extras["serviceAccountName"] = owner.service_account_name
+    if isinstance(owner, RoleSpec) and owner.pod_security_context is not None:
+        extras["securityContext"] = owner.pod_security_context.model_dump(exclude_defaults=True)
+    if owner.priority_class_name is not None:
+        extras["priorityClassName"] = owner.priority_class_name
+    if owner.topology_spread_constraints:
+        extras["topologySpreadConstraints"] = _spread(owner.topology_spread_constraints, selector)
+    return extras
 
 
 def _affinity(name: str, component: Component, role: RoleSpec) -> dict[str, Any]:
@@ -493,12 +519,14 @@ def _engine(
         _secret_volume(OFFER_KEY_VOLUME, child_name(name, Component.OFFER_KEY)),
         _cache_volume(spec),
         {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory"}},
+        *(volume.model_dump(exclude_defaults=True) for volume in role.volumes),
     ]
     mounts = [
         _read_only(CONNECTOR_VOLUME, CONFIG_DIR),
         _read_only(OFFER_KEY_VOLUME, OFFER_KEY_DIR),
-        {"name": CACHE_VOLUME, "mountPath": _cache_mount_path(spec)},
-        {"name": SHM_VOLUME, "mountPath": "/dev/shm"},
+        {"name": CACHE_VOLUME, "mountPath": spec.model.cache_mount_path},
+        {"name": SHM_VOLUME, "mountPath": SHM_MOUNT_PATH},
+        *(mount.model_dump(exclude_defaults=True) for mount in role.volume_mounts),
     ]
     pod = {
         "pod_labels": {**role.pod_labels, **labels(name, component)},
@@ -514,6 +542,7 @@ def _engine(
         "node_selector": role.node_selector,
         "tolerations": _tolerations(spec, role),
         "affinity": _affinity(name, component, role),
+        "extras": _pod_extras(role, selector),
         "termination_grace_period_seconds": role.termination_grace_period_seconds,
     }
     serve = ["disagg", "serve", "--role", str(component), "--config", config_file(Role(component))]
@@ -749,6 +778,9 @@ def _router(name: str, namespace: str, spec: DisaggregatedModelSpec) -> list[Man
         "router/deployment.yaml.j2",
         **common,
         selector=selector_labels(name, Component.ROUTER),
+        pod_labels={**router.pod_labels, **labels(name, Component.ROUTER)},
+        pod_annotations=router.pod_annotations,
+        extras=_pod_extras(router, selector_labels(name, Component.ROUTER)),
         port=router.port,
         replicas=router.replicas,
         image=image.reference,

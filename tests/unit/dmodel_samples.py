@@ -161,6 +161,10 @@ _KEYED: dict[str, Any] = {"auth": {"clientKeysSecret": {"name": "clients"}}}
 """Client keys, which tenant overrides need."""
 
 
+_VOLUME_A: dict[str, Any] = {"volumes": [{"name": "a", "emptyDir": {}}]}
+"""A role's own scratch volume, for the mount cases."""
+
+
 @dataclass(frozen=True)
 class InvalidSpec:
     """A spec patch that must be refused, blaming `path` (and saying `says`, when set)."""
@@ -678,6 +682,173 @@ INVALID_SPECS = [
         {"prefill": {"podLabels": {"app.kubernetes.io/component": "x"}}},
         "spec.prefill.podLabels",
         cross_field=True,
+    ),
+    InvalidSpec(
+        "pod-annotation-operator-key",
+        {"decode": {"podAnnotations": {"disagg.dev/config-hash": "x"}}},
+        "spec.decode.podAnnotations",
+        cross_field=True,
+        says="must not set disagg.dev/ annotations",
+    ),
+    InvalidSpec(
+        "router-pod-label-overrides-selector",
+        {"router": {"podLabels": {"app.kubernetes.io/name": "x"}}},
+        "spec.router.podLabels",
+        cross_field=True,
+    ),
+    InvalidSpec(
+        "router-pod-annotation-operator-key",
+        {"router": {"podAnnotations": {"disagg.dev/x": "y"}}},
+        "spec.router.podAnnotations",
+        cross_field=True,
+    ),
+    InvalidSpec(
+        "volume-named-like-the-operators",
+        {"prefill": {"volumes": [{"name": "dshm", "emptyDir": {}}]}},
+        "spec.prefill.volumes",
+        cross_field=True,
+        says="must not use a volume name the operator gives every pod",
+    ),
+    InvalidSpec(
+        "volume-name-twice",
+        {"decode": {"volumes": [{"name": "a", "emptyDir": {}}, {"name": "a", "emptyDir": {}}]}},
+        "spec.decode.volumes",
+        cross_field=True,
+        says="each volume name must be unique",
+    ),
+    InvalidSpec(
+        "volume-without-source",
+        {"prefill": {"volumes": [{"name": "a"}]}},
+        "spec.prefill.volumes[0].name",
+        cross_field=True,
+        says="set exactly one of secret",
+    ),
+    InvalidSpec(
+        "volume-with-two-sources",
+        {"prefill": {"volumes": [{"name": "a", "emptyDir": {}, "secret": {"secretName": "s"}}]}},
+        "spec.prefill.volumes[0].name",
+        cross_field=True,
+    ),
+    InvalidSpec(
+        "volume-name-not-a-dns-label",
+        {"prefill": {"volumes": [{"name": "Data", "emptyDir": {}}]}},
+        "spec.prefill.volumes[0].name",
+    ),
+    InvalidSpec(
+        "mount-of-no-volume",
+        {"decode": {"volumeMounts": [{"name": "a", "mountPath": "/data"}]}},
+        "spec.decode.volumeMounts",
+        cross_field=True,
+        says="each mount must name one of the role's volumes",
+    ),
+    InvalidSpec(
+        "mount-over-the-connector-config",
+        {"prefill": {**_VOLUME_A, "volumeMounts": [{"name": "a", "mountPath": "/etc/disagg"}]}},
+        "spec.prefill.volumeMounts",
+        cross_field=True,
+        says="must not mount at a path the operator mounts",
+    ),
+    InvalidSpec(
+        "mount-over-the-offer-key",
+        {
+            "decode": {
+                **_VOLUME_A,
+                "volumeMounts": [{"name": "a", "mountPath": "/etc/disagg/offer-key"}],
+            }
+        },
+        "spec.decode.volumeMounts",
+        cross_field=True,
+    ),
+    InvalidSpec(
+        "mount-over-shared-memory",
+        {"prefill": {**_VOLUME_A, "volumeMounts": [{"name": "a", "mountPath": "/dev/shm/"}]}},
+        "spec.prefill.volumeMounts",
+        cross_field=True,
+    ),
+    InvalidSpec(
+        "mount-over-the-default-model-cache",
+        {"prefill": {**_VOLUME_A, "volumeMounts": [{"name": "a", "mountPath": "/models"}]}},
+        "spec.prefill.volumeMounts",
+        cross_field=True,
+        says="must not mount at the model cache's path",
+    ),
+    InvalidSpec(
+        "mount-over-a-moved-model-cache",
+        {
+            "model": {"cache": {"pvc": {"claimName": "c"}, "mountPath": "/cache"}},
+            "decode": {**_VOLUME_A, "volumeMounts": [{"name": "a", "mountPath": "/cache"}]},
+        },
+        "spec.decode.volumeMounts",
+        cross_field=True,
+        says="must not mount at the model cache's path",
+    ),
+    InvalidSpec(
+        "mount-path-twice",
+        {
+            "prefill": {
+                **_VOLUME_A,
+                "volumeMounts": [
+                    {"name": "a", "mountPath": "/data"},
+                    {"name": "a", "mountPath": "/data", "subPath": "x"},
+                ],
+            }
+        },
+        "spec.prefill.volumeMounts",
+        cross_field=True,
+        says="each mountPath must be unique",
+    ),
+    InvalidSpec(
+        "mount-sub-path-leaving-the-volume",
+        {
+            "prefill": {
+                **_VOLUME_A,
+                "volumeMounts": [{"name": "a", "mountPath": "/data", "subPath": "../etc"}],
+            }
+        },
+        "spec.prefill.volumeMounts[0].subPath",
+        cross_field=True,
+    ),
+    InvalidSpec(
+        "mount-path-relative",
+        {"prefill": {**_VOLUME_A, "volumeMounts": [{"name": "a", "mountPath": "data"}]}},
+        "spec.prefill.volumeMounts[0].mountPath",
+    ),
+    InvalidSpec(
+        "spread-min-domains-on-a-soft-constraint",
+        {
+            "prefill": {
+                "topologySpreadConstraints": [
+                    {
+                        "topologyKey": "topology.kubernetes.io/zone",
+                        "whenUnsatisfiable": "ScheduleAnyway",
+                        "minDomains": 2,
+                    }
+                ]
+            }
+        },
+        "spec.prefill.topologySpreadConstraints[0].minDomains",
+        cross_field=True,
+        says="needs whenUnsatisfiable: DoNotSchedule",
+    ),
+    InvalidSpec(
+        "router-spread-without-topology-key",
+        {"router": {"topologySpreadConstraints": [{"maxSkew": 1}]}},
+        "spec.router.topologySpreadConstraints[0].topologyKey",
+    ),
+    InvalidSpec(
+        "service-account-not-a-name",
+        {"decode": {"serviceAccountName": "Serving_SA"}},
+        "spec.decode.serviceAccountName",
+    ),
+    InvalidSpec(
+        "router-priority-class-not-a-name",
+        {"router": {"priorityClassName": "High"}},
+        "spec.router.priorityClassName",
+    ),
+    InvalidSpec(
+        "negative-fs-group",
+        {"prefill": {"podSecurityContext": {"fsGroup": -1}}},
+        "spec.prefill.podSecurityContext.fsGroup",
     ),
     InvalidSpec(
         "cache-pvc-and-host-path",

@@ -59,9 +59,59 @@ def _role() -> st.SearchStrategy[dict[str, Any]]:
                 ),
                 max_size=2,
             ),
-            "podLabels": st.dictionaries(
-                st.sampled_from(["team", "app.kubernetes.io/name"]), st.just("x"), max_size=2
-            ),
+            "podLabels": _pod_labels(),
+            "podAnnotations": _pod_annotations(),
+            "volumes": st.lists(_volume(), max_size=2),
+            "volumeMounts": st.lists(_volume_mount(), max_size=2),
+            "topologySpreadConstraints": st.lists(_spread(), max_size=1),
+        },
+    )
+
+
+def _pod_labels() -> st.SearchStrategy[dict[str, str]]:
+    return st.dictionaries(
+        st.sampled_from(["team", "app.kubernetes.io/name"]), st.just("x"), max_size=2
+    )
+
+
+def _pod_annotations() -> st.SearchStrategy[dict[str, str]]:
+    return st.dictionaries(
+        st.sampled_from(["team", "disagg.dev/config-hash", "example.com/disagg.dev"]),
+        st.just("x"),
+        max_size=2,
+    )
+
+
+VOLUME_SOURCES: list[dict[str, Any]] = [
+    {"emptyDir": {}},
+    {"secret": {"secretName": "s"}},
+    {},
+    {"emptyDir": {}, "csi": {"driver": "secrets-store.csi.k8s.io"}},
+]
+"""A volume's sources around the one-source rule."""
+MOUNT_PATHS = ["/data", "/models", "/models/", "/etc/disagg", "/etc/disagg/x", "/etc/disaggx",
+               "/dev/shm", "/dev/shm/", "/dev/shmx", "/cache"]  # fmt: skip
+"""Mount paths around the operator's (the model cache's is /models unless a case moves it)."""
+
+
+def _volume() -> st.SearchStrategy[dict[str, Any]]:
+    name = st.sampled_from(["a", "b", "dshm", "model-cache"])
+    return st.builds(lambda n, source: {"name": n, **source}, name, st.sampled_from(VOLUME_SOURCES))
+
+
+def _volume_mount() -> st.SearchStrategy[dict[str, Any]]:
+    return st.fixed_dictionaries(
+        {"name": st.sampled_from(["a", "b"]), "mountPath": st.sampled_from(MOUNT_PATHS)},
+        optional={"subPath": st.sampled_from(["x", "x/y", "../x", "x/..", "/x", "..x"])},
+    )
+
+
+def _spread() -> st.SearchStrategy[dict[str, Any]]:
+    return st.fixed_dictionaries(
+        {"topologyKey": st.just("topology.kubernetes.io/zone")},
+        optional={
+            "whenUnsatisfiable": st.sampled_from(["DoNotSchedule", "ScheduleAnyway"]),
+            "minDomains": st.sampled_from([0, 1, 3]),
         },
     )
 
@@ -121,6 +171,7 @@ SPEC_PATCHES = st.fixed_dictionaries(
                     optional={
                         "pvc": st.just({"claimName": "c"}),
                         "hostPath": st.sampled_from([{"path": "/d"}, {"path": "d"}]),
+                        "mountPath": st.sampled_from(["/models", "/cache"]),
                     },
                 ),
             },
@@ -146,6 +197,9 @@ SPEC_PATCHES = st.fixed_dictionaries(
                 "service": _router_service(),
                 "headerTimeoutSeconds": st.sampled_from([0, 1, 10, 300, 301]),
                 "tenants": _router_tenants(),
+                "podLabels": _pod_labels(),
+                "podAnnotations": _pod_annotations(),
+                "topologySpreadConstraints": st.lists(_spread(), max_size=1),
             },
         ),
         "auth": st.just({"clientKeysSecret": {"name": "clients"}}),

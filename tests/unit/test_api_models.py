@@ -118,6 +118,16 @@ def test_catalogue_is_large_and_covers_every_cross_field_rule() -> None:
         "spec.router.service.annotations",
         "spec.router.service.loadBalancerSourceRanges",
         "spec.router.tenants.overrides",
+        "spec.decode.podAnnotations",
+        "spec.router.podLabels",
+        "spec.router.podAnnotations",
+        "spec.prefill.volumes",
+        "spec.decode.volumes",
+        "spec.prefill.volumes[0].name",
+        "spec.decode.volumeMounts",
+        "spec.prefill.volumeMounts",
+        "spec.prefill.volumeMounts[0].subPath",
+        "spec.prefill.topologySpreadConstraints[0].minDomains",
     } <= blamed
 
 
