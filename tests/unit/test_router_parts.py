@@ -20,12 +20,19 @@ from kubernetes.client import (
 )
 
 from disagg.cli import build_parser
-from disagg_contract import TENANT_SHARE_DIVISOR, Role
+from disagg_contract import READ_REPORT_KEY, TENANT_SHARE_DIVISOR, Role
 from disagg_router.config import ConfigError, DiscoveryKind, RouterConfig, require
 from disagg_router.conversation import TurnEntry
 from disagg_router.discovery.kubernetes import _SliceState, slice_endpoints
 from disagg_router.limits import RequestSlots
-from disagg_router.payloads import EngineBodies, prefill_params, routable, strip_from_events
+from disagg_router.payloads import (
+    EngineBodies,
+    decode_params,
+    prefill_params,
+    read_report,
+    routable,
+    strip_from_events,
+)
 from disagg_router.replicas import ReplicaPool
 from disagg_router.routing import Affinity, Choice, ConversationAffinity, LeastOutstanding
 
@@ -423,3 +430,21 @@ def test_missing_packages_are_named_with_the_option_needing_them() -> None:
     with pytest.raises(ConfigError, match="--store redis: needs the Python package `nope`"):
         require("nope", "--store redis")
     require("json", "--anything")
+
+
+def test_prefill_read_report_is_taken_only_as_token_counts_and_never_sent_to_decode() -> None:
+    report = {"offered": 40, "verified": 32, "diverged": 8, "read": 32}
+    params = {"remote_host": "10.0.0.1", READ_REPORT_KEY: report}
+    assert read_report(params) == report
+    assert READ_REPORT_KEY not in (decode_params(params, retain=True) or {})
+    assert READ_REPORT_KEY in params, "the router's copy of prefill's answer is left alone"
+    for bad in (
+        "40",
+        {**report, "read": -1},
+        {**report, "verified": 1.5},
+        {**report, "read": True},
+    ):
+        assert read_report({READ_REPORT_KEY: bad}) is None, bad
+    partial = {k: v for k, v in report.items() if k != "diverged"}
+    assert read_report({READ_REPORT_KEY: partial}) is None
+    assert read_report(None) is None and read_report({}) is None
