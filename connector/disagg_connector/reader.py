@@ -141,6 +141,8 @@ class OfferReader:
         """Prefill, per request computing: when first scheduled, its tokens, the tokens before."""
         self._reading: dict[str, tuple[float, int, str]] = {}
         """Prefill, per D->P read in flight: when it started, its tokens, the decode engine."""
+        self._failed: set[str] = set()
+        """Requests whose read vLLM reported failed (a failed handshake or transfer)."""
         self._reports: dict[str, ReadReport] = {}
         """Prefill, per request whose D->P offer was verified: what became of it, until the
         request finishes and its answer carries it to the router."""
@@ -368,6 +370,7 @@ class OfferReader:
         return what became of its D->P offer (None without one)."""
         self._drop_claim(request_id)
         self._reading.pop(request_id, None)
+        self._failed.discard(request_id)
         report = self._reports.pop(request_id, None)
         state = self._states.pop(request_id, None)
         if state is not None:
@@ -394,9 +397,14 @@ class OfferReader:
             self._computing.pop(request_id, None)
 
     def reads_done(self, finished: Iterable[str], failed: Iterable[str]) -> None:
-        """Prefill: each D->P read reported done is a sample of the read cost."""
+        """A failed read is remembered (the request recomputes, see :meth:`read_failed`) and
+        reads nothing in the router's report; on prefill, each D->P read reported done is a
+        sample of the read cost."""
         for request_id in failed:
             self._reading.pop(request_id, None)
+            self._failed.add(request_id)
+            if (report := self._reports.get(request_id)) is not None:
+                report["read"] = 0
         if self.costs is None:
             return
         for request_id in finished:
@@ -406,6 +414,17 @@ class OfferReader:
             at, tokens, engine = started
             self.costs.record_read(tokens, self._clock() - at, engine)
             self.recorder.record_estimates(self.costs.estimates())
+
+    def read_failed(self, request_id: str, params: object) -> bool:
+        """Whether the request's read failed. Its offer is then stripped, so that vLLM, which
+        asks again how many tokens to load for the request it now recomputes, loads none: its
+        pull scheduler would otherwise offer the D->P read again and wait for a read it never
+        starts."""
+        if request_id not in self._failed:
+            return False
+        if isinstance(params, dict):
+            refuse(params)
+        return True
 
     def _drop_claim(self, request_id: str) -> None:
         if self.desk is not None:

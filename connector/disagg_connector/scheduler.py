@@ -250,8 +250,11 @@ class DisaggConnectorScheduler(NixlPullConnectorScheduler):
     def _matched_tokens(
         self, request: Request, num_computed_tokens: int
     ) -> tuple[int | None, bool]:
-        count, load_async = super().get_num_new_matched_tokens(request, num_computed_tokens)
         params = request.kv_transfer_params
+        if self.reader.read_failed(request.request_id, params):
+            count, load_async = 0, False
+        else:
+            count, load_async = super().get_num_new_matched_tokens(request, num_computed_tokens)
         if request.request_id in self.reader and isinstance(params, dict):
             gated = self.reader.gate(request.request_id, params, count, num_computed_tokens)
             if gated is None:

@@ -18,7 +18,6 @@ log and metrics.
 from __future__ import annotations
 
 import re
-import subprocess
 from collections.abc import Iterator
 
 import pytest
@@ -34,6 +33,7 @@ from conversations import (
 from disagg.rig.engine import EngineServer, ServerSpec, start_all
 from disagg_contract import ReadDecision, Role
 from driver import PDDriver, TurnResult
+from links import End, Link, veth_namespace
 from probes import sample
 
 pytestmark = pytest.mark.engine
@@ -43,42 +43,20 @@ FLOOR = 128
 DECISIONS = "vllm:disagg_kv_read_decisions_total"
 ESTIMATE = "vllm:disagg_kv_cost_estimate"
 OFFERS = "vllm:disagg_kv_offers_total"
-NETNS = "disagg-slowlink"
-HOST_SIDE, NS_SIDE = ("dsl-host", "10.77.0.1"), ("dsl-ns", "10.77.0.2")
+SLOW_LINK = Link("disagg-slowlink", End("dsl-host", "10.77.0.1"), End("dsl-ns", "10.77.0.2"))
 SLOW_RATE = "2mbit"
-SLOW_LINK_UCX = {"UCX_TLS": "tcp", "UCX_NET_DEVICES": NS_SIDE[0]}
-"""UCX over the veth only: on one machine it would otherwise move KV through shared memory."""
-
-
-def ip(*args: str, netns: str | None = None) -> None:
-    inside = ["ip", "netns", "exec", netns] if netns else []
-    subprocess.run([*inside, *args], check=True, capture_output=True, timeout=30)
 
 
 @pytest.fixture(scope="module")
-def slow_link() -> Iterator[str]:
-    """A network namespace reached over a veth pair, its egress shaped to ``SLOW_RATE``."""
-    subprocess.run(["ip", "netns", "del", NETNS], capture_output=True, timeout=30)
-    ip("ip", "netns", "add", NETNS)
-    try:
-        ip("ip", "link", "add", HOST_SIDE[0], "type", "veth", "peer", "name", NS_SIDE[0])
-        ip("ip", "link", "set", NS_SIDE[0], "netns", NETNS)
-        ip("ip", "addr", "add", f"{HOST_SIDE[1]}/30", "dev", HOST_SIDE[0])
-        ip("ip", "link", "set", HOST_SIDE[0], "up")
-        ip("ip", "addr", "add", f"{NS_SIDE[1]}/30", "dev", NS_SIDE[0], netns=NETNS)
-        ip("ip", "link", "set", NS_SIDE[0], "up", netns=NETNS)
-        ip("ip", "link", "set", "lo", "up", netns=NETNS)
-        ip("ip", "route", "add", "default", "via", HOST_SIDE[1], netns=NETNS)
-        shape = ["tc", "qdisc", "add", "dev", NS_SIDE[0], "root", "tbf", "rate", SLOW_RATE]
-        ip(*shape, "burst", "32kb", "latency", "10s", netns=NETNS)
-        yield NETNS
-    finally:
-        subprocess.run(["ip", "netns", "del", NETNS], capture_output=True, timeout=30)
-        subprocess.run(["ip", "link", "del", HOST_SIDE[0]], capture_output=True, timeout=30)
+def slow_link() -> Iterator[Link]:
+    """The test's namespace, its egress (D->P data) shaped to ``SLOW_RATE``."""
+    with veth_namespace(SLOW_LINK) as link:
+        link.shape(SLOW_RATE)
+        yield link
 
 
 @pytest.fixture(scope="module")
-def servers(rig: Rig, slow_link: str) -> Iterator[tuple[EngineServer, EngineServer]]:
+def servers(rig: Rig, slow_link: Link) -> Iterator[tuple[EngineServer, EngineServer]]:
     """The measured prefill (on the host side of the veth) and the decode behind the link."""
     prefill = EngineServer(
         ServerSpec(
@@ -92,15 +70,15 @@ def servers(rig: Rig, slow_link: str) -> Iterator[tuple[EngineServer, EngineServ
         ),
         MODEL_DIR,
         rig.log_dir,
-        host=HOST_SIDE[1],
+        host=slow_link.host.address,
     )
     decode = EngineServer(
         ServerSpec("decode-slow-link", Role.DECODE, 18209, 15617, DECODE_CORE),
         MODEL_DIR,
         rig.log_dir,
-        host=NS_SIDE[1],
-        netns=slow_link,
-        env=SLOW_LINK_UCX,
+        host=slow_link.far.address,
+        netns=slow_link.netns,
+        env=slow_link.ucx_env,
     )
     start_all([prefill, decode])
     yield prefill, decode

@@ -393,3 +393,38 @@ def test_a_request_queued_past_the_recheck_claims_again_and_sees_a_release(
     assert gate_until_answered(read, "turn-2", params, 16)[0] == 0
     read.finished("turn-2", aborted=False)
     assert recorder.verdicts == [(D2P, Verdict.UNCLAIMED)]
+
+
+def test_a_failed_read_is_recomputed_and_reads_nothing_in_the_report(decode: Issuer) -> None:
+    """A read that failed (a failed handshake or transfer) leaves the request to recompute: asked
+    again, the reader strips the offer, so vLLM loads nothing, and the router hears that
+    nothing was read; another request's read is untouched."""
+    read = reader(Recorder())
+    params: dict[str, dict[str, Any]] = {}
+    for request_id in ("cut", "whole"):
+        params[request_id] = decode.offer(f"{request_id}-turn-1", HISTORY)
+        read.arrive(view(request_id, [*HISTORY, 1]), params[request_id])
+        assert gate_until_answered(read, request_id, params[request_id], 16)[0] == 16
+        read.allocated(request_id, 16, "decode-0")
+    assert not read.read_failed("cut", params["cut"])
+
+    read.reads_done(finished=["cut", "whole"], failed=["cut"])
+
+    assert read.read_failed("cut", params["cut"])
+    assert params["cut"]["do_remote_prefill"] is False
+    assert "remote_block_ids" not in params["cut"]
+    assert not read.read_failed("whole", params["whole"])
+    assert "remote_block_ids" in params["whole"]
+    assert read.finished("cut", aborted=False) == {
+        "offered": 18,
+        "verified": 16,
+        "diverged": 0,
+        "read": 0,
+    }
+    assert read.finished("whole", aborted=False) == {
+        "offered": 18,
+        "verified": 16,
+        "diverged": 0,
+        "read": 16,
+    }
+    assert not read.read_failed("cut", {})
