@@ -49,6 +49,16 @@ EXTRA_READ_DECISION = "disagg_read_decision"
 :class:`ReadDecision` value)."""
 
 
+class PrefillRouting(enum.StrEnum):
+    """How the router picks the prefill replica of a conversation's turn (``--prefill-routing``)."""
+
+    AFFINITY = "affinity"
+    """The replica of the conversation's previous turn, whose prefix cache holds its prompt so
+    far, unless it left, is draining, failed or is much busier than the least loaded one."""
+    LEAST_LOADED = "least-loaded"
+    """The least loaded replica: for prefills that keep no prefix cache."""
+
+
 class ReadDecision(enum.StrEnum):
     """How prefill decides between reading decode's retained KV back (D->P) and recomputing it.
 

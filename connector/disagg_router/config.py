@@ -17,6 +17,7 @@ from disagg_contract import (
     ROUTER_HEADER_TIMEOUT_S,
     ROUTER_PORT,
     TENANT_SHARE_DIVISOR,
+    PrefillRouting,
 )
 from disagg_router.tenants import key_problem, load_tenants, read_key_file
 
@@ -77,6 +78,8 @@ class RouterConfig:
     health_max_backoff_s: float = 30.0
     shutdown_timeout_s: int = 30
     decode_affinity_slack: int = 4
+    prefill_routing: PrefillRouting = PrefillRouting.AFFINITY
+    prefill_affinity_slack: int = 4
     kv_bytes_per_token: int = 0
     log_format: str = "text"
     api_key: str | None = field(default=None, repr=False)
@@ -165,8 +168,13 @@ class RouterConfig:
                 flag = name.removesuffix("_s").replace("_", "-")
                 raise ConfigError(f"--{flag}: must be a positive number of seconds")
         self._check_tenant_shares()
-        if self.decode_affinity_slack < 0 or self.kv_bytes_per_token < 0:
-            raise ConfigError("--decode-affinity-slack/--kv-bytes-per-token: must not be negative")
+        slacks = (self.decode_affinity_slack, self.prefill_affinity_slack)
+        if min(slacks) < 0 or self.kv_bytes_per_token < 0:
+            raise ConfigError(
+                "--decode-affinity-slack/--prefill-affinity-slack/--kv-bytes-per-token: must "
+                "not be negative"
+            )
+
         if self.log_format not in ("text", "json"):
             raise ConfigError("--log-format: choose text or json")
         if self.api_key is not None:

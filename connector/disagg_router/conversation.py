@@ -30,13 +30,15 @@ class Lookup(enum.StrEnum):
 
 @dataclass(frozen=True)
 class TurnEntry:
-    """Decode's KV metadata after a successful turn, and where that KV lives."""
+    """Decode's KV metadata after a successful turn, where that KV lives, and the prefill
+    replica that served the turn (its prefix cache holds the conversation's prompt)."""
 
     kv_transfer_params: dict[str, Any]
     decode_url: str
     created_at: float
     expires_at: float
     seq: int
+    prefill_url: str | None = None
 
     def to_json(self) -> str:
         """Serialize for a store (field by field: ``asdict`` would deep-copy the block ids)."""
@@ -53,6 +55,7 @@ class TurnEntry:
             created_at=float(data["created_at"]),
             expires_at=float(data["expires_at"]),
             seq=int(data["seq"]),
+            prefill_url=_optional_str(data.get("prefill_url")),
         )
 
     def expired(self, now: float | None = None) -> bool:
@@ -63,15 +66,22 @@ class TurnEntry:
 _ENTRY_FIELDS = tuple(field.name for field in fields(TurnEntry))
 
 
+def _optional_str(value: object) -> str | None:
+    """A string field an older router's entry may lack."""
+    return value if isinstance(value, str) else None
+
+
 @dataclass(frozen=True)
 class TurnStart:
     """What a store hands a starting turn: its sequence number, the entry it took, and the
-    decode replica of the last committed turn (kept even once the entry is taken or expired)."""
+    decode and prefill replicas of the last committed turn (kept even once the entry is taken or
+    expired)."""
 
     seq: int
     entry: TurnEntry | None
     lookup: Lookup
     previous_decode: str | None
+    previous_prefill: str | None = None
 
 
 def scope_tag(scope: str) -> str:

@@ -90,6 +90,14 @@ class RouterMetrics:
             ["result"],
             registry=reg,
         )
+        self.prefill_affinity = Counter(
+            "disagg_router_prefill_affinity",
+            "Prefill replica choices for conversation turns by affinity result (as decode's; "
+            "none also for a turn with no previous prefill, or with --prefill-routing "
+            "least-loaded).",
+            ["result"],
+            registry=reg,
+        )
         self.pd_saved_tokens = Counter(
             "disagg_router_pd_saved_tokens",
             "Estimated prompt tokens decode did not pull from prefill thanks to affinity.",

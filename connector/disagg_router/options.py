@@ -14,6 +14,7 @@ from disagg_contract import (
     REDIS_PREFIX_ENV,
     ROUTER_API_KEY_ENV,
     TENANT_SHARE_DIVISOR,
+    PrefillRouting,
 )
 from disagg_router.config import (
     ConfigError,
@@ -227,6 +228,22 @@ def add_router_arguments(parser: argparse.ArgumentParser) -> None:
         "in flight beyond the least loaded one (default %(default)s)",
     )
     limits.add_argument(
+        "--prefill-routing",
+        type=PrefillRouting,
+        choices=list(PrefillRouting),
+        default=d.prefill_routing,
+        help="affinity: a conversation's turn goes to the prefill replica of its previous turn "
+        "(its prefix cache holds the conversation), with the slack and draining rules of "
+        "decode; least-loaded: for prefills without a prefix cache (default %(default)s)",
+    )
+    limits.add_argument(
+        "--prefill-affinity-slack",
+        type=int,
+        default=d.prefill_affinity_slack,
+        help="keep the previous prefill replica unless it has more than this many requests "
+        "in flight beyond the least loaded one (default %(default)s)",
+    )
+    limits.add_argument(
         "--kv-bytes-per-token",
         type=int,
         default=d.kv_bytes_per_token,
@@ -272,6 +289,8 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
         health_timeout_s=args.health_timeout,
         health_max_backoff_s=args.health_max_backoff,
         decode_affinity_slack=args.decode_affinity_slack,
+        prefill_routing=args.prefill_routing,
+        prefill_affinity_slack=args.prefill_affinity_slack,
         kv_bytes_per_token=args.kv_bytes_per_token,
         log_format=args.log_format,
         api_key=_given(args.api_key, ROUTER_API_KEY_ENV),

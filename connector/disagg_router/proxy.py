@@ -38,7 +38,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Message, Receive, Scope, Send
 
-from disagg_contract import EXPIRES_AT_KEY, EXPIRY_MARGIN_S, KV_TRANSFER_PARAMS
+from disagg_contract import EXPIRES_AT_KEY, EXPIRY_MARGIN_S, KV_TRANSFER_PARAMS, PrefillRouting
 from disagg_router.auth import Client
 from disagg_router.config import RouterConfig
 from disagg_router.conversation import (
@@ -74,7 +74,12 @@ from disagg_router.payloads import (
     strip_from_events,
 )
 from disagg_router.replicas import Replica, ReplicaPool
-from disagg_router.routing import Affinity, ConversationAffinity, LeastOutstanding
+from disagg_router.routing import (
+    Affinity,
+    ConversationAffinity,
+    LeastOutstanding,
+    RoutingStrategy,
+)
 from disagg_router.salts import CacheSalts
 from disagg_router.stores import ConversationStore
 from disagg_router.upstream import EngineClient, EngineResponse, UpstreamFailure
@@ -148,7 +153,11 @@ class ProxyService:
         self._health = health
         self._leases = leases
         self._salts = salts
-        self._prefill_routing = LeastOutstanding()
+        self._prefill_routing: RoutingStrategy = (
+            ConversationAffinity(config.prefill_affinity_slack)
+            if config.prefill_routing is PrefillRouting.AFFINITY
+            else LeastOutstanding()
+        )
         self._decode_routing = ConversationAffinity(config.decode_affinity_slack)
 
     async def serve_turn(
@@ -221,8 +230,10 @@ class ProxyService:
 
     async def prefill(self, turn: Turn) -> None:
         """2. Prefill one token, with the entry's params on a hit (prefill reads decode's
-        blocks: D->P). A failed call is retried once on another replica; once prefill may have
-        read the blocks, the retry goes without them. A client error (4xx) is relayed as is.
+        blocks: D->P), preferably on the replica that served the previous turn (its prefix
+        cache holds the conversation; see ``routing``). A failed call is retried once on
+        another replica; once prefill may have read the blocks, the retry goes without them.
+        A client error (4xx) is relayed as is.
         Then a turn of a conversation the store did not hold is numbered, which stores the
         conversation: only a turn prefill accepted takes room in the store."""
         assert turn.bodies is not None, "read comes first"
@@ -230,10 +241,14 @@ class ProxyService:
         turn.offered = turn.entry is not None
         tried: list[Replica] = []
         failure = upstream_error(503, "No healthy prefill replica.", "no_prefill_replica")
+        previous = turn.start.previous_prefill if turn.start is not None else None
         for attempt in range(2):
-            prefill = self._prefill_routing.choose(self._prefill, exclude=tried).replica
+            choice = self._prefill_routing.choose(self._prefill, previous, exclude=tried)
+            prefill = choice.replica
             if prefill is None:
                 raise failure
+            if turn.key is not None and not attempt:
+                self._metrics.prefill_affinity.labels(choice.affinity.value).inc()
             if attempt:
                 self._metrics.prefill_retries.inc()
             tried.append(prefill)
@@ -508,7 +523,8 @@ class ProxyService:
             published = kv.get(EXPIRES_AT_KEY)
             if isinstance(published, int | float) and not isinstance(published, bool):
                 expires_at = min(expires_at, published - EXPIRY_MARGIN_S)
-            offered = TurnEntry(kv, decode.url, now, expires_at, turn.seq)
+            prefill_url = turn.prefill.url if turn.prefill is not None else None
+            offered = TurnEntry(kv, decode.url, now, expires_at, turn.seq, prefill_url)
             try:
                 stored = await self._store.commit(key, offered)
             except Exception as exc:

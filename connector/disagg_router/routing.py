@@ -1,9 +1,11 @@
 """Routing strategies: which replica of a pool serves a turn, behind one interface.
 
-Prefill has no state worth returning to, so any replica will do and the least loaded one is
-taken. Decode's prefix cache holds the conversation so far, so the replica of the previous
-turn is kept while it stays healthy, is not draining and is not much busier than the others.
-A draining replica (its pod is leaving) is never chosen: the conversation moves to another.
+Decode's prefix cache holds the conversation so far, and so does prefill's when it keeps one
+(vLLM's default): the replica of the previous turn is kept while it stays healthy, is not
+draining and is not much busier than the others (``ConversationAffinity``), and reads from
+decode cover what that prefill lacks. A prefill without a prefix cache has no state worth
+returning to, so the least loaded replica is taken (``LeastOutstanding``). A draining replica
+(its pod is leaving) is never chosen: the conversation moves to another.
 """
 
 from __future__ import annotations

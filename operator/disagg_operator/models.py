@@ -1049,7 +1049,11 @@ class RoleSpec(ApiModel):
         "can land where its workers find no room; they then stay Pending.",
     )
     prefix_caching: bool = Field(
-        True, description="vLLM automatic prefix caching (--[no-]enable-prefix-caching)."
+        True,
+        description="vLLM automatic prefix caching (--[no-]enable-prefix-caching). On prefill "
+        "it also decides the router's prefill routing: on, a conversation's turns go back to "
+        "the prefill replica of its previous turn (while it is healthy, not draining and not "
+        "much busier than the others); off, to the least loaded prefill.",
     )
     max_num_seqs: Annotated[int, Field(ge=1, le=65536)] | None = Field(
         None, description="Maximum concurrent sequences (--max-num-seqs). Defaults to vLLM's."

@@ -32,6 +32,7 @@ from disagg_contract import (
     SECRET_KEY_NAME,
     SIDE_CHANNEL_HOST_ENV,
     SIDE_CHANNEL_PORT_ENV,
+    PrefillRouting,
     Role,
 )
 from disagg_operator.connector_config import config_file, config_hash, config_map_data
@@ -813,6 +814,7 @@ def _router(name: str, namespace: str, spec: DisaggregatedModelSpec) -> list[Man
             str(router.header_timeout_seconds),
             "--max-concurrent-requests",
             str(ROUTER_MAX_CONCURRENT_REQUESTS),
+            *_prefill_routing(spec),
             *_router_tenants(router.tenants),
             *store_args,
             *key_args,
@@ -845,6 +847,15 @@ def _router(name: str, namespace: str, spec: DisaggregatedModelSpec) -> list[Man
         _network_policy(name, namespace, Component.ROUTER, _router_ingress(spec)),
         deployment,
     ]
+
+
+def _prefill_routing(spec: DisaggregatedModelSpec) -> list[str]:
+    """The router keeps a conversation on its prefill replica (its default) only when prefill
+    keeps a prefix cache; otherwise any prefill will do and the least loaded one is taken. The
+    default is left off the command, so that a model with prefix caching renders as before."""
+    if spec.prefill.prefix_caching:
+        return []
+    return ["--prefill-routing", PrefillRouting.LEAST_LOADED.value]
 
 
 def render(name: str, namespace: str, spec: DisaggregatedModelSpec) -> list[Manifest]:

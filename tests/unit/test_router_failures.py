@@ -68,7 +68,8 @@ def test_unreachable_prefill_fails_over_and_still_reuses_kv(
     rig: RouterRig, client: httpx.Client
 ) -> None:
     assert turn(client).status_code == 200
-    dead, live = rig.prefill
+    # The prefill that served the first turn, which the conversation's next turn goes back to.
+    dead, live = sorted(rig.prefill, key=lambda prefill: -len(prefill.state.received))
     dead.server.stop()
     for _ in range(2):
         assert turn(client).status_code == 200

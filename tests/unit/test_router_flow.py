@@ -9,6 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
+from disagg_contract import PrefillRouting
 from engine_standin import MODEL
 from router_harness import RouterRig, metric
 
@@ -90,6 +91,27 @@ def test_decode_keeps_serving_the_conversation(rig: RouterRig, client: httpx.Cli
     assert sorted(served) == [0, 4]
     assert metric(client, "disagg_router_decode_affinity_total", result="kept") == 3
     assert metric(client, "disagg_router_pd_saved_tokens_total") > 0
+
+
+def test_prefill_keeps_serving_the_conversation(rig: RouterRig, client: httpx.Client) -> None:
+    """Prefill's prefix cache holds the conversation too: its turns go back to the replica of
+    the previous turn, while turns of other conversations spread over both."""
+    conversation(client, 4, False, conversation_id="sticky")
+    assert sorted(len(e.state.received) for e in rig.prefill) == [0, 4]
+    assert metric(client, "disagg_router_prefill_affinity_total", result="kept") == 3
+    assert metric(client, "disagg_router_prefill_affinity_total", result="none") == 1
+    for index in range(4):
+        conversation(client, 1, False, conversation_id=f"other-{index}")
+    assert min(len(e.state.received) for e in rig.prefill) > 0
+
+
+@pytest.mark.parametrize("rig", [{"prefill_routing": PrefillRouting.LEAST_LOADED}], indirect=True)
+def test_least_loaded_prefill_routing_spreads_a_conversation(
+    rig: RouterRig, client: httpx.Client
+) -> None:
+    conversation(client, 4, False, conversation_id="spread")
+    assert sorted(len(e.state.received) for e in rig.prefill) == [2, 2]
+    assert metric(client, "disagg_router_prefill_affinity_total", result="kept") == 0
 
 
 def test_clients_never_see_kv_transfer_params(client: httpx.Client) -> None:

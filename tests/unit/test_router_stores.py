@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import replace
 
 import pytest
 
@@ -74,6 +76,32 @@ def test_first_turn_misses_then_next_turn_hits_once(make_store: StoreFactory) ->
         assert third.previous_decode == "http://d0"
 
     run(make_store, scenario)
+
+
+def test_the_previous_prefill_is_kept_like_the_previous_decode(make_store: StoreFactory) -> None:
+    """The prefill of the last committed turn comes back with every later turn's start, taken
+    entry or not; an entry of an older router, which names no prefill, reads as none."""
+
+    async def scenario(store: ConversationStore) -> None:
+        await store.begin_turn("k")
+        await store.open_turn("k")
+        assert await store.commit("k", replace(entry(1), prefill_url="http://p1"))
+        hit = await store.begin_turn("k")
+        assert (hit.previous_prefill, hit.previous_decode) == ("http://p1", "http://d0")
+        assert hit.entry is not None and hit.entry.prefill_url == "http://p1"
+        again = await store.begin_turn("k")
+        assert (again.entry, again.previous_prefill) == (None, "http://p1")
+        assert await store.commit("k", entry(3))
+        older = await store.begin_turn("k")
+        assert older.entry is not None and older.previous_prefill is None
+
+    run(make_store, scenario)
+
+
+def test_an_entry_without_a_prefill_parses() -> None:
+    stored = json.loads(entry(1).to_json())
+    del stored["prefill_url"]
+    assert TurnEntry.from_json(json.dumps(stored)).prefill_url is None
 
 
 def test_expired_entry_is_reported_and_not_reused(make_store: StoreFactory) -> None:

@@ -27,6 +27,7 @@ class _Conversation:
     committed: int = 0
     entry: bytes | None = None
     decode_url: str | None = None
+    prefill_url: str | None = None
     used: int = 0
     """When it was last used, in the store's own count of uses."""
 
@@ -101,12 +102,13 @@ class MemoryStore:
         conv = self._touch(key)
         conv.seq += 1
         raw, conv.entry = conv.entry, None
+        previous = conv.decode_url, conv.prefill_url
         if raw is None:
-            return TurnStart(conv.seq, None, Lookup.MISS, conv.decode_url)
+            return TurnStart(conv.seq, None, Lookup.MISS, *previous)
         entry = TurnEntry.from_json(raw)
         if entry.expired():
-            return TurnStart(conv.seq, None, Lookup.EXPIRED, conv.decode_url)
-        return TurnStart(conv.seq, entry, Lookup.HIT, conv.decode_url)
+            return TurnStart(conv.seq, None, Lookup.EXPIRED, *previous)
+        return TurnStart(conv.seq, entry, Lookup.HIT, *previous)
 
     async def open_turn(self, key: str) -> int:
         """Number a turn that began with sequence 0, storing its conversation in its scope's
@@ -122,7 +124,7 @@ class MemoryStore:
             return False
         conv.committed = entry.seq
         conv.entry = entry.to_json().encode()
-        conv.decode_url = entry.decode_url
+        conv.decode_url, conv.prefill_url = entry.decode_url, entry.prefill_url
         return True
 
     async def restore(self, key: str, entry: TurnEntry) -> bool:

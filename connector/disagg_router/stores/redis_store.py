@@ -55,13 +55,14 @@ digests of those deleted."""
 _BEGIN = (
     _TOUCH
     + """
-if redis.call('EXISTS', KEYS[1]) == 0 then return {0, false, false, {}} end
+if redis.call('EXISTS', KEYS[1]) == 0 then return {0, false, false, {}, false} end
 local seq = redis.call('HINCRBY', KEYS[1], 'seq', 1)
 local entry = redis.call('HGET', KEYS[1], 'entry')
 if entry then redis.call('HDEL', KEYS[1], 'entry') end
 redis.call('EXPIRE', KEYS[1], ARGV[1])
 local evicted = touch(ARGV[1], ARGV[2], ARGV[3], ARGV[4])
-return {seq, entry, redis.call('HGET', KEYS[1], 'decode'), evicted}
+local previous = redis.call('HMGET', KEYS[1], 'decode', 'prefill')
+return {seq, entry, previous[1], evicted, previous[2]}
 """
 )
 
@@ -80,6 +81,8 @@ _COMMIT = (
 local committed = tonumber(redis.call('HGET', KEYS[1], 'committed') or '0')
 if tonumber(ARGV[5]) <= committed then return {0, {}} end
 redis.call('HSET', KEYS[1], 'committed', ARGV[5], 'entry', ARGV[6], 'decode', ARGV[7])
+if ARGV[8] ~= '' then redis.call('HSET', KEYS[1], 'prefill', ARGV[8])
+else redis.call('HDEL', KEYS[1], 'prefill') end
 redis.call('EXPIRE', KEYS[1], ARGV[1])
 return {1, touch(ARGV[1], ARGV[2], ARGV[3], ARGV[4])}
 """
@@ -112,6 +115,11 @@ return {known, entry}
 
 def _ignore(key: str) -> None:
     pass
+
+
+def _text(value: bytes | None) -> str | None:
+    """A hash field a script returned (None: the field is not set)."""
+    return value.decode() if value is not None else None
 
 
 class RedisStore:
@@ -182,15 +190,15 @@ class RedisStore:
         stored) for a conversation Redis does not hold."""
         async with self._deadline():
             reply = await self._begin(keys=self._keys(key), args=self._touch_args(key))
-        seq, raw, previous, evicted = reply
+        seq, raw, decode, evicted, prefill = reply
         self._evicted(key, evicted)
-        decode = previous.decode() if previous is not None else None
+        previous = (_text(decode), _text(prefill))
         if raw is None:
-            return TurnStart(int(seq), None, Lookup.MISS, decode)
+            return TurnStart(int(seq), None, Lookup.MISS, *previous)
         entry = TurnEntry.from_json(raw)
         if entry.expired():
-            return TurnStart(int(seq), None, Lookup.EXPIRED, decode)
-        return TurnStart(int(seq), entry, Lookup.HIT, decode)
+            return TurnStart(int(seq), None, Lookup.EXPIRED, *previous)
+        return TurnStart(int(seq), entry, Lookup.HIT, *previous)
 
     async def open_turn(self, key: str) -> int:
         """Number a turn that began with sequence 0, storing its conversation in its scope's
@@ -202,7 +210,13 @@ class RedisStore:
 
     async def commit(self, key: str, entry: TurnEntry) -> bool:
         """Store ``entry`` unless a later-started turn already committed."""
-        args = [*self._touch_args(key), entry.seq, entry.to_json(), entry.decode_url]
+        args = [
+            *self._touch_args(key),
+            entry.seq,
+            entry.to_json(),
+            entry.decode_url,
+            entry.prefill_url or "",
+        ]
         async with self._deadline():
             stored, evicted = await self._commit(keys=self._keys(key), args=args)
         self._evicted(key, evicted)
