@@ -172,6 +172,16 @@ bench-leases: venv
 	bash tests/engine/setup_env.sh
 	flock $(HEAVY_LOCK) $(BIN)/python -m disagg.bench.leases
 
+# bench-conversations: many conversations at once (a shared system prompt, tool results,
+# concurrency 2) through configurations A-E side by side on the local rig: bidirectional off/on
+# x prefill prefix caching off/on, and two prefills with affinity vs least-loaded routing
+# (disagg.bench.conversations_rig), rewriting docs/benchmarks/conversations-*.json and
+# docs/figures/conversations-*.png (about 30 min on 2 cores, under the heavy-job lock).
+.PHONY: bench-conversations
+bench-conversations: venv
+	bash tests/engine/setup_env.sh
+	flock $(HEAVY_LOCK) $(BIN)/python -m disagg.bench.conversations_rig
+
 ## ---- Router ------------------------------------------------------------------
 # `disagg router` tests run with test-unit (stand-in engines; a throwaway redis-server that
 # tests/unit/redis_server.sh installs from Debian when missing) and test-engine (real engines).

@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from disagg.bench.records import BenchResult, Leg
+from disagg.bench.workload import ConversationsWorkload
 
 if TYPE_CHECKING:
     from disagg.bench.runner import LegTarget
 
 DEFAULT_LENGTHS = "2k:24k:2k"
+CONVERSATIONS = ConversationsWorkload()
 
 
 def parse_legs(text: str) -> frozenset[Leg]:
@@ -36,6 +39,14 @@ def parse_legs(text: str) -> frozenset[Leg]:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Declare ``disagg bench``'s options (no heavy imports)."""
     target = parser.add_argument_group("what to measure")
+    target.add_argument(
+        "--workload",
+        choices=("sweep", "conversations"),
+        default="sweep",
+        help="sweep: conversations one at a time through growing prompt lengths, ON vs OFF "
+        "(--lengths); conversations: many conversations at once with a shared system prompt "
+        "(--concurrency, --turns, ...) through --router (default %(default)s)",
+    )
     target.add_argument("--router", metavar="URL", help="router of the deployment (ON leg)")
     target.add_argument(
         "--off-router",
@@ -78,6 +89,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="URL",
         help="prefill engines of the --floor-router deployment (their prefix-cache hits)",
     )
+    target.add_argument(
+        "--decode-metrics",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="with --workload conversations: a decode engine's base URL, sampled for the KV its "
+        "retention holds (repeat per decode replica)",
+    )
     target.add_argument("--model", help="model name to request (default: the router's first)")
 
     sweep = parser.add_argument_group("sweep")
@@ -87,9 +106,44 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="prompt length per turn: START:STOP:STEP or a list like 2k,4k,8k "
         "(default %(default)s, the published sweep)",
     )
-    sweep.add_argument("--conversations", type=int, default=1, help="conversations per leg")
+    sweep.add_argument(
+        "--conversations",
+        type=int,
+        default=None,
+        help="conversations per leg (default 1; with --workload conversations, "
+        f"{CONVERSATIONS.conversations})",
+    )
     sweep.add_argument("--answer-tokens", type=int, default=32, help="tokens per answer")
     sweep.add_argument("--seed", default="disagg-bench", help="seed of the user texts")
+
+    many = parser.add_argument_group("conversations workload")
+    many.add_argument(
+        "--turns", type=int, default=CONVERSATIONS.turns, help="turns of each conversation"
+    )
+    many.add_argument(
+        "--system-tokens",
+        type=int,
+        default=CONVERSATIONS.system_tokens,
+        help="the system prompt every conversation shares (default %(default)s)",
+    )
+    many.add_argument(
+        "--tool-tokens",
+        type=int,
+        default=CONVERSATIONS.tool_tokens,
+        help="new user text (a tool result) per turn (default %(default)s)",
+    )
+    many.add_argument(
+        "--concurrency",
+        type=int,
+        default=CONVERSATIONS.concurrency,
+        help="turns in flight at once (default %(default)s)",
+    )
+    many.add_argument(
+        "--think-s",
+        type=float,
+        default=CONVERSATIONS.think_s,
+        help="seconds between an answer and the conversation's next turn (default %(default)s)",
+    )
 
     output = parser.add_argument_group("output")
     output.add_argument("--json-dir", type=Path, default=Path("bench-results"))
@@ -127,6 +181,8 @@ def run(args: argparse.Namespace) -> int:
             return _replot(args)
         if not args.router:
             raise ValueError("--router URL is required (or --from-vllm-stats FILE)")
+        if args.workload == "conversations":
+            return _run_conversations(args)
         return _run_router(args)
     except ValueError as exc:
         print(f"disagg bench: {exc}", file=sys.stderr)
@@ -177,9 +233,10 @@ def _run_router(args: argparse.Namespace) -> int:
     from disagg.bench.runner import Sweep, calibrate, plan_sweep, run_interleaved, run_leg
     from disagg.bench.workload import parse_lengths
 
-    if args.conversations < 1 or args.answer_tokens < 1:
+    conversations = 1 if args.conversations is None else args.conversations
+    if conversations < 1 or args.answer_tokens < 1:
         raise ValueError("--conversations and --answer-tokens must be at least 1")
-    sweep = Sweep(parse_lengths(args.lengths), args.conversations, args.answer_tokens, args.seed)
+    sweep = Sweep(parse_lengths(args.lengths), conversations, args.answer_tokens, args.seed)
     targets = bench_targets(args)
     client = ChatClient(targets[0].router_url)
     try:
@@ -214,6 +271,46 @@ def _run_router(args: argparse.Namespace) -> int:
     outputs = write_outputs(result, args.json_dir, args.figure_dir, subtitle=args.subtitle)
     print(summary(result))
     _print_outputs(outputs.json_path, outputs.figures)
+    return 0
+
+
+def conversations_workload(args: argparse.Namespace) -> ConversationsWorkload:
+    """The conversations workload the options describe (a bad value names its option)."""
+    return ConversationsWorkload(
+        conversations=CONVERSATIONS.conversations
+        if args.conversations is None
+        else args.conversations,
+        turns=args.turns,
+        system_tokens=args.system_tokens,
+        tool_tokens=args.tool_tokens,
+        answer_tokens=args.answer_tokens,
+        concurrency=args.concurrency,
+        think_s=args.think_s,
+        seed=args.seed,
+    )
+
+
+def _run_conversations(args: argparse.Namespace) -> int:
+    from disagg.bench.client import ChatClient
+    from disagg.bench.conversations import Deployment, make_texts, run_conversations
+    from disagg.bench.conversations_report import ConfigResult, write
+
+    workload = conversations_workload(args)
+    client = ChatClient(args.router)
+    try:
+        model = args.model or client.model()
+        texts = make_texts(client, model, workload)
+    finally:
+        client.close()
+    deployment = Deployment(args.router, list(args.prefill_metrics), list(args.decode_metrics))
+    run_id = uuid.uuid4().hex[:8]
+    run = run_conversations(deployment, model, workload, texts, f"bench-{run_id}-")
+    setup = {
+        "router": args.router,
+        "workload": dataclasses.asdict(workload),
+        "subtitle": args.subtitle,
+    }
+    write(model, setup, [ConfigResult("run", args.router, run)], args.json_dir, args.figure_dir)
     return 0
 
 

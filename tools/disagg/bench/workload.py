@@ -1,4 +1,5 @@
-"""The sweep: target prompt lengths per turn and the deterministic user text that reaches them."""
+"""The workloads: the sweep's target prompt lengths per turn, the many-conversations workload's
+shape, and the deterministic user text that reaches them."""
 
 from __future__ import annotations
 
@@ -88,3 +89,27 @@ def user_text(seed: str, words: int) -> str:
         sentences.append(" ".join(rng.choice(_WORDS) for _ in range(size)).capitalize() + ".")
         remaining -= size
     return " ".join(sentences)
+
+
+@dataclass(frozen=True)
+class ConversationsWorkload:
+    """The conversations to run and how (every field is a ``disagg bench`` option)."""
+
+    conversations: int = 10
+    turns: int = 6
+    system_tokens: int = 1024
+    """The system prompt every conversation shares."""
+    tool_tokens: int = 530
+    """The new user text (a tool result) of every turn."""
+    answer_tokens: int = 32
+    concurrency: int = 2
+    think_s: float = 0.0
+    """Between an answer and the conversation's next turn."""
+    seed: str = "disagg-conversations"
+
+    def __post_init__(self) -> None:
+        for name in ("conversations", "turns", "concurrency", "answer_tokens", "tool_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
+        if self.system_tokens < 0 or self.think_s < 0:
+            raise ValueError("--system-tokens and --think-s must not be negative")

@@ -71,21 +71,22 @@ def bench_pair(
 
 @contextmanager
 def serving(
-    pair: list[EngineServer], name: str, log_dir: Path, *router_args: str
+    servers: list[EngineServer], name: str, log_dir: Path, *router_args: str
 ) -> Iterator[RouterProcess]:
-    """Start the pair and a router (with ``router_args``) in front of it; yield the router;
-    stop everything."""
+    """Start the servers and a router (with ``router_args``) in front of them, each in its
+    role's pool; yield the router; stop everything."""
     started = time.monotonic()
-    start_all(pair)
+    start_all(servers)
     print(f"{name}: servers healthy in {time.monotonic() - started:.0f} s", file=sys.stderr)
     try:
+        pools = {role: [s.url for s in servers if s.spec.role is role] for role in Role}
         router = RouterProcess.start(
-            f"{name}-router", [pair[0].url], [pair[1].url], log_dir, *router_args
+            f"{name}-router", pools[Role.PREFILL], pools[Role.DECODE], log_dir, *router_args
         )
         try:
             yield router
         finally:
             router.stop()
     finally:
-        for server in pair:
+        for server in servers:
             server.stop()
