@@ -116,34 +116,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sweep.add_argument("--answer-tokens", type=int, default=32, help="tokens per answer")
     sweep.add_argument("--seed", default="disagg-bench", help="seed of the user texts")
 
-    many = parser.add_argument_group("conversations workload")
-    many.add_argument(
-        "--turns", type=int, default=CONVERSATIONS.turns, help="turns of each conversation"
-    )
-    many.add_argument(
-        "--system-tokens",
-        type=int,
-        default=CONVERSATIONS.system_tokens,
-        help="the system prompt every conversation shares (default %(default)s)",
-    )
-    many.add_argument(
-        "--tool-tokens",
-        type=int,
-        default=CONVERSATIONS.tool_tokens,
-        help="new user text (a tool result) per turn (default %(default)s)",
-    )
-    many.add_argument(
-        "--concurrency",
-        type=int,
-        default=CONVERSATIONS.concurrency,
-        help="turns in flight at once (default %(default)s)",
-    )
-    many.add_argument(
-        "--think-s",
-        type=float,
-        default=CONVERSATIONS.think_s,
-        help="seconds between an answer and the conversation's next turn (default %(default)s)",
-    )
+    add_conversations_arguments(parser.add_argument_group("conversations workload"))
 
     output = parser.add_argument_group("output")
     output.add_argument("--json-dir", type=Path, default=Path("bench-results"))
@@ -169,6 +142,38 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=1000,
         help="with --from-vllm-stats: group requests by prompt length in bins of this many "
         "tokens (default %(default)s)",
+    )
+
+
+def add_conversations_arguments(group: argparse._ActionsContainer) -> None:
+    """The conversations workload's own options (``--conversations``, ``--answer-tokens`` and
+    ``--seed`` are shared with the sweep)."""
+    group.add_argument(
+        "--turns", type=int, default=CONVERSATIONS.turns, help="turns of each conversation"
+    )
+    group.add_argument(
+        "--system-tokens",
+        type=int,
+        default=CONVERSATIONS.system_tokens,
+        help="the system prompt every conversation shares (default %(default)s)",
+    )
+    group.add_argument(
+        "--tool-tokens",
+        type=int,
+        default=CONVERSATIONS.tool_tokens,
+        help="new user text (a tool result) per turn (default %(default)s)",
+    )
+    group.add_argument(
+        "--concurrency",
+        type=int,
+        default=CONVERSATIONS.concurrency,
+        help="turns in flight at once (default %(default)s)",
+    )
+    group.add_argument(
+        "--think-s",
+        type=float,
+        default=CONVERSATIONS.think_s,
+        help="seconds between an answer and the conversation's next turn (default %(default)s)",
     )
 
 

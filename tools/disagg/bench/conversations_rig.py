@@ -30,6 +30,7 @@ import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from disagg.bench.cli import add_conversations_arguments, conversations_workload
 from disagg.bench.client import ChatClient
 from disagg.bench.conversations import (
     Deployment,
@@ -184,12 +185,9 @@ def parse_args() -> argparse.Namespace:
         help="configurations to run, in order (default %(default)s)",
     )
     parser.add_argument("--conversations", type=int, default=defaults.conversations)
-    parser.add_argument("--turns", type=int, default=defaults.turns)
-    parser.add_argument("--system-tokens", type=int, default=defaults.system_tokens)
-    parser.add_argument("--tool-tokens", type=int, default=defaults.tool_tokens)
     parser.add_argument("--answer-tokens", type=int, default=defaults.answer_tokens)
-    parser.add_argument("--concurrency", type=int, default=defaults.concurrency)
-    parser.add_argument("--think-s", type=float, default=defaults.think_s)
+    parser.add_argument("--seed", default=defaults.seed, help="seed of the texts")
+    add_conversations_arguments(parser)
     parser.add_argument("--json-dir", type=Path, default=ROOT / "docs" / "benchmarks")
     parser.add_argument("--figure-dir", type=Path, default=ROOT / "docs" / "figures")
     parser.add_argument("--log-dir", type=Path, default=CACHE / "bench-conversations-logs")
@@ -217,15 +215,7 @@ def main() -> int:
         return 0
     try:
         chosen = chosen_configurations(args.configs)
-        workload = ConversationsWorkload(
-            conversations=args.conversations,
-            turns=args.turns,
-            system_tokens=args.system_tokens,
-            tool_tokens=args.tool_tokens,
-            answer_tokens=args.answer_tokens,
-            concurrency=args.concurrency,
-            think_s=args.think_s,
-        )
+        workload = conversations_workload(args)
     except ValueError as exc:
         print(f"bench conversations: {exc}", file=sys.stderr)
         return 2
