@@ -507,28 +507,31 @@ class ProxyService:
 
     async def _commit(self, turn: Turn, params: object) -> None:
         """Store decode's ``params`` as the conversation's entry for its next turn, expiring
-        before decode frees the blocks (by its published expiry, less the margin), and settle
-        the turn's leases: the new one held, the one the turn took released. A turn without a
-        number (no conversation, or no store) commits nothing."""
+        before decode frees the blocks (by its published expiry, less the margin), or, without
+        params, where the turn ran (its replicas' prefix caches still serve the next turn); and
+        settle the turn's leases: the new one held, the one the turn took released. A turn
+        without a number (no conversation, or no store) commits nothing."""
         key, start, decode = turn.key, turn.start, turn.decode
         if key is None or start is None or turn.seq == 0:
             return
         assert decode is not None, "decode comes first"
         kv = routable(params, decode.host)
+        prefill_url = turn.prefill.url if turn.prefill is not None else None
         offered: TurnEntry | None = None
         stored: bool | None = None
-        if kv is not None:
-            now = time.time()
-            expires_at = now + self._config.conversation_ttl_s
-            published = kv.get(EXPIRES_AT_KEY)
-            if isinstance(published, int | float) and not isinstance(published, bool):
-                expires_at = min(expires_at, published - EXPIRY_MARGIN_S)
-            prefill_url = turn.prefill.url if turn.prefill is not None else None
-            offered = TurnEntry(kv, decode.url, now, expires_at, turn.seq, prefill_url)
-            try:
+        try:
+            if kv is None:
+                await self._store.place(key, turn.seq, decode.url, prefill_url)
+            else:
+                now = time.time()
+                expires_at = now + self._config.conversation_ttl_s
+                published = kv.get(EXPIRES_AT_KEY)
+                if isinstance(published, int | float) and not isinstance(published, bool):
+                    expires_at = min(expires_at, published - EXPIRY_MARGIN_S)
+                offered = TurnEntry(kv, decode.url, now, expires_at, turn.seq, prefill_url)
                 stored = await self._store.commit(key, offered)
-            except Exception as exc:
-                self._store_failed("commit", exc)
+        except Exception as exc:
+            self._store_failed("commit", exc)
         self._leases.turn_finished(key, turn.seq, start.entry, offered, stored)
 
     def _finished(self, turn: Turn, outcome: str) -> None:

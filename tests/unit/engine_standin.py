@@ -67,6 +67,9 @@ class StandinState:
     api_key: str | None = None
     prefix_cached_tokens: int = 0
     diverged_tokens: int = 0
+    retains: bool = True
+    """Decode answers with KV params; False: with none, as vLLM's decode does with bidirectional
+    transfer off (it keeps no KV for the next turn)."""
     lease_port: int | None = None
     lease_term_s: float = 30.0
     retained: set[tuple[str, str]] = field(default_factory=set)
@@ -180,7 +183,9 @@ def build_app(state: StandinState) -> Starlette:
         if state.role == "prefill":
             return JSONResponse(_prefill(state, body, chat, request_id, prompt_tokens))
         words = answer_words(body, max_tokens or DEFAULT_MAX_TOKENS)
-        kv: dict[str, Any] | None = _kv_params(state, request_id, prompt_tokens + len(words))
+        kv: dict[str, Any] | None = None
+        if state.retains:
+            kv = _kv_params(state, request_id, prompt_tokens + len(words))
         if state.lease_port is not None:
             kv = _leased(state, body, request_id, kv)
         if body.get("stream"):

@@ -105,6 +105,21 @@ def test_prefill_keeps_serving_the_conversation(rig: RouterRig, client: httpx.Cl
     assert min(len(e.state.received) for e in rig.prefill) > 0
 
 
+def test_a_conversation_keeps_its_replicas_when_decode_keeps_no_kv(
+    rig: RouterRig, client: httpx.Client
+) -> None:
+    """With bidirectional transfer off decode offers nothing, so there is no entry to store; the
+    router still records where each turn ran, and the prefix caches keep serving it."""
+    for engine in rig.decode:
+        engine.state.retains = False
+    conversation(client, 4, False, conversation_id="plain")
+    assert sorted(len(e.state.received) for e in rig.prefill) == [0, 4]
+    assert sorted(len(e.state.received) for e in rig.decode) == [0, 4]
+    assert metric(client, "disagg_router_prefill_affinity_total", result="kept") == 3
+    assert metric(client, "disagg_router_conversation_lookups_total", result="hit") == 0
+    assert [r for e in rig.prefill for r in e.state.reads] == []
+
+
 @pytest.mark.parametrize("rig", [{"prefill_routing": PrefillRouting.LEAST_LOADED}], indirect=True)
 def test_least_loaded_prefill_routing_spreads_a_conversation(
     rig: RouterRig, client: httpx.Client

@@ -98,6 +98,29 @@ def test_the_previous_prefill_is_kept_like_the_previous_decode(make_store: Store
     run(make_store, scenario)
 
 
+def test_a_turn_without_an_entry_still_places_the_next_one(make_store: StoreFactory) -> None:
+    """A turn whose decode kept no KV records its replicas (and supersedes an older entry) under
+    the rule commits follow: the latest-started turn wins."""
+
+    async def scenario(store: ConversationStore) -> None:
+        await store.begin_turn("k")
+        first = await store.open_turn("k")
+        assert await store.commit("k", entry(first))
+        second = (await store.begin_turn("k")).seq
+        third = (await store.begin_turn("k")).seq
+        assert await store.place("k", third, "http://d1", "http://p1")
+        assert not await store.place("k", second, "http://d2", "http://p2")
+        assert not await store.commit("k", entry(second))
+        later = await store.begin_turn("k")
+        assert (later.lookup, later.entry) == (Lookup.MISS, None)
+        assert (later.previous_decode, later.previous_prefill) == ("http://d1", "http://p1")
+        assert await store.place("k", later.seq, "http://d0", None)
+        last = await store.begin_turn("k")
+        assert (last.previous_decode, last.previous_prefill) == ("http://d0", None)
+
+    run(make_store, scenario)
+
+
 def test_an_entry_without_a_prefill_parses() -> None:
     stored = json.loads(entry(1).to_json())
     del stored["prefill_url"]

@@ -11,6 +11,9 @@ Semantics shared by every store (so several router replicas behave as one):
   request prefill refuses never takes room in the store, nor evicts another conversation.
 * ``commit`` stores a successful turn's entry only if no later-started turn committed first
   (highest sequence wins, whatever order the turns finish in).
+* ``place`` records where a successful turn that left no entry ran (decode kept no KV: its
+  bidirectional transfer is off, or it refused), under the same rule, so that the next turn
+  still finds its prefill and decode replicas (their prefix caches hold its prompt).
 * ``restore`` puts an entry back when its turn failed before prefill could read the blocks,
   unless a newer turn has committed since.
 * ``drop`` removes the entry a given turn committed, and only that one: a router releasing its
@@ -46,6 +49,10 @@ class ConversationStore(Protocol):
 
     async def commit(self, key: str, entry: TurnEntry) -> bool:
         """Store ``entry`` (its ``seq`` is the turn's); False if a newer turn won."""
+        ...
+
+    async def place(self, key: str, seq: int, decode_url: str, prefill_url: str | None) -> bool:
+        """Record the replicas of turn ``seq``, which left no entry; False if a newer turn won."""
         ...
 
     async def restore(self, key: str, entry: TurnEntry) -> bool:

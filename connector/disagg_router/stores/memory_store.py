@@ -119,12 +119,23 @@ class MemoryStore:
 
     async def commit(self, key: str, entry: TurnEntry) -> bool:
         """Store ``entry`` unless a later-started turn already committed."""
+        raw = entry.to_json().encode()
+        return self._settle(key, entry.seq, raw, entry.decode_url, entry.prefill_url)
+
+    async def place(self, key: str, seq: int, decode_url: str, prefill_url: str | None) -> bool:
+        """Record where turn ``seq`` ran, with no entry, unless a later-started turn already
+        committed."""
+        return self._settle(key, seq, None, decode_url, prefill_url)
+
+    def _settle(
+        self, key: str, seq: int, raw: bytes | None, decode_url: str, prefill_url: str | None
+    ) -> bool:
+        """Turn ``seq``'s commit: its entry (None: none) and replicas, if no newer turn won."""
         conv = self._touch(key)
-        if entry.seq <= conv.committed:
+        if seq <= conv.committed:
             return False
-        conv.committed = entry.seq
-        conv.entry = entry.to_json().encode()
-        conv.decode_url, conv.prefill_url = entry.decode_url, entry.prefill_url
+        conv.committed, conv.entry = seq, raw
+        conv.decode_url, conv.prefill_url = decode_url, prefill_url
         return True
 
     async def restore(self, key: str, entry: TurnEntry) -> bool:

@@ -80,7 +80,9 @@ _COMMIT = (
     + """
 local committed = tonumber(redis.call('HGET', KEYS[1], 'committed') or '0')
 if tonumber(ARGV[5]) <= committed then return {0, {}} end
-redis.call('HSET', KEYS[1], 'committed', ARGV[5], 'entry', ARGV[6], 'decode', ARGV[7])
+redis.call('HSET', KEYS[1], 'committed', ARGV[5], 'decode', ARGV[7])
+if ARGV[6] ~= '' then redis.call('HSET', KEYS[1], 'entry', ARGV[6])
+else redis.call('HDEL', KEYS[1], 'entry') end
 if ARGV[8] ~= '' then redis.call('HSET', KEYS[1], 'prefill', ARGV[8])
 else redis.call('HDEL', KEYS[1], 'prefill') end
 redis.call('EXPIRE', KEYS[1], ARGV[1])
@@ -210,13 +212,20 @@ class RedisStore:
 
     async def commit(self, key: str, entry: TurnEntry) -> bool:
         """Store ``entry`` unless a later-started turn already committed."""
-        args = [
-            *self._touch_args(key),
-            entry.seq,
-            entry.to_json(),
-            entry.decode_url,
-            entry.prefill_url or "",
-        ]
+        return await self._settle(
+            key, entry.seq, entry.to_json(), entry.decode_url, entry.prefill_url
+        )
+
+    async def place(self, key: str, seq: int, decode_url: str, prefill_url: str | None) -> bool:
+        """Record where turn ``seq`` ran, with no entry, unless a later-started turn already
+        committed."""
+        return await self._settle(key, seq, "", decode_url, prefill_url)
+
+    async def _settle(
+        self, key: str, seq: int, entry: str, decode_url: str, prefill_url: str | None
+    ) -> bool:
+        """Turn ``seq``'s commit: its entry (``""``: none) and replicas, if no newer turn won."""
+        args = [*self._touch_args(key), seq, entry, decode_url, prefill_url or ""]
         async with self._deadline():
             stored, evicted = await self._commit(keys=self._keys(key), args=args)
         self._evicted(key, evicted)
