@@ -204,7 +204,10 @@ def _guide_karpenter_version() -> str:
     return found.pop()
 
 
-def test_guide_installs_the_checked_karpenter() -> None:
+def test_guide_names_the_checked_releases() -> None:
     """The Karpenter release the guide installs is the one whose CRDs the manifests are
-    checked against."""
+    checked against, and the releases it says it was checked against are the pinned ones."""
     assert _guide_karpenter_version() == KARPENTER.version.removeprefix("v")
+    text = GUIDE.read_text()
+    for module in (EKSCTL, KARPENTER, PROMETHEUS_OPERATOR):
+        assert module.version in text, f"docs/eks.md does not name {module.path} {module.version}"
