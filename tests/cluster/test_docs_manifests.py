@@ -68,12 +68,24 @@ def crds(kubectl: kube.Kubectl) -> Iterator[None]:
         kubectl("delete", "crd", *added, "--wait=false")
 
 
+def _namespace_phase(kubectl: kube.Kubectl, name: str) -> str:
+    """The namespace's phase, or "" when there is none."""
+    proc = kubectl.run("get", "namespace", name, "-o", "jsonpath={.status.phase}", check=False)
+    return proc.stdout.strip() if proc.returncode == 0 else ""
+
+
 @pytest.fixture(scope="module")
 def namespaces(kubectl: kube.Kubectl) -> Iterator[None]:
     """The namespaces the manifests name, created when missing and deleted afterwards."""
     wanted = {OPERATOR_NAMESPACE, "monitoring"}
     for path in MANIFESTS:
         wanted |= {d["metadata"]["namespace"] for d in _docs(path) if "namespace" in d["metadata"]}
+    for name in wanted:
+        kube.wait_for(
+            lambda name=name: _namespace_phase(kubectl, name) != "Terminating",
+            what=f"namespace {name} to finish terminating",
+            timeout_s=120,
+        )
     present = {n.removeprefix("namespace/") for n in kubectl("get", "ns", "-o", "name").split()}
     created = sorted(wanted - present)
     for name in created:
