@@ -3,8 +3,7 @@
 Prefill servers share core 0 and decode servers core 1. Servers stay up for the session;
 tests that need another decode config (short TTL, no 2-core hooks) start one more decode.
 Tests that take the ``on_pair`` fixture run over each NIXL backend: the rig's ON pair (UCX),
-then an ON pair over LIBFABRIC with libfabric's tcp provider, started when the first such test
-runs.
+then an ON pair over LIBFABRIC with libfabric's tcp provider, which each such module starts.
 """
 
 from __future__ import annotations
@@ -113,9 +112,10 @@ def libfabric_problem() -> str | None:
     return "NIXL's LIBFABRIC backend cannot start here: " + " | ".join([*cause[:3], *lines[-1:]])
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def libfabric_on(rig: Rig) -> Iterator[Pair]:
-    """The ON pair over LIBFABRIC; its tests skip, saying why, where the backend cannot start
+    """The ON pair over LIBFABRIC, for one test module (two more servers beside the rig's four
+    only while it runs); its tests skip, saying why, where the backend cannot start
     (tests/engine/setup_env.sh says what it needs)."""
     problem = libfabric_problem()
     if problem is not None:
