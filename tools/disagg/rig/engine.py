@@ -58,7 +58,9 @@ LIBFABRIC_CPU_LIB = CACHE / "libfabric-cpu" / "lib"
 it there: libhwloc.so.15 (Debian's), a libcuda.so.1 stand-in whose calls report no device (the
 plugin calls CUDA only for VRAM), and a libfabric.so.1 when the setup was given one new enough."""
 LIBFABRIC_PROVIDER = "tcp"
-"""libfabric's provider for the rig: EFA's code path in NIXL, over TCP sockets."""
+"""libfabric's provider for the rig: EFA's code path in NIXL, over TCP sockets. It listens on the
+first interface but loopback (NIXL cannot open a rail on ``lo``: its listen socket fails), or on
+the one ``FI_TCP_IFACE`` names; a veth pair inside a network namespace keeps it off the host's."""
 
 
 def libfabric_env(environ: dict[str, str]) -> dict[str, str]:
