@@ -2,18 +2,30 @@
 
 Prefill servers share core 0 and decode servers core 1. Servers stay up for the session;
 tests that need another decode config (short TTL, no 2-core hooks) start one more decode.
+Tests that take the ``on_pair`` fixture run over each NIXL backend: the rig's ON pair (UCX),
+then an ON pair over LIBFABRIC with libfabric's tcp provider, which each such module starts.
 """
 
 from __future__ import annotations
 
 import os
+import re
+import subprocess
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
 
-from disagg.rig.engine import CACHE, EngineServer, ServerSpec, ensure_model, start_all
+from disagg.rig.engine import (
+    CACHE,
+    ENGINE_VENV,
+    EngineServer,
+    ServerSpec,
+    ensure_model,
+    libfabric_env,
+    start_all,
+)
 from disagg_contract import CONNECTOR_CLASS, Role
 from driver import PDDriver
 
@@ -21,6 +33,18 @@ MODEL_DIR = CACHE / "models" / "tiny-llama-h256-l4-v1"
 PREFILL_CORE, DECODE_CORE = 0, 1
 RIG_CONNECTOR_ENV = "DISAGG_RIG_CONNECTOR"
 """Set to ``NixlConnector`` to run the bidirectional servers with vLLM's stock connector."""
+BACKENDS = ("UCX", "LIBFABRIC")
+"""The NIXL backends the ``on_pair`` fixture runs its tests over, in this order."""
+LIBFABRIC = ("LIBFABRIC",)
+"""A server's backends over LIBFABRIC alone (never beside UCX, which NIXL would pick first)."""
+LIBFABRIC_PROBE = (
+    "from nixl._api import nixl_agent, nixl_agent_config\n"
+    "agent = nixl_agent('probe', nixl_agent_config(backends=['LIBFABRIC']))\n"
+    "assert 'LIBFABRIC' in agent.backends, agent.backends\n"
+)
+"""Makes a NIXL agent with the LIBFABRIC backend, as a LIBFABRIC server's connector does."""
+GLOG_PROBLEM = re.compile(r"[EW]\d{4} ")
+"""NIXL's error and warning log lines."""
 
 
 @dataclass
@@ -29,6 +53,11 @@ class Pair:
 
     prefill: EngineServer
     decode: EngineServer
+
+    @property
+    def backends(self) -> tuple[str, ...]:
+        """The NIXL backends the pair moves KV over."""
+        return self.decode.spec.backends
 
     def driver(self, *, reuse: bool = True) -> PDDriver:
         return PDDriver(self.prefill.url, self.decode.url, reuse=reuse)
@@ -64,3 +93,59 @@ def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
     finally:
         for server in servers:
             server.stop()
+
+
+def libfabric_problem() -> str | None:
+    """Why a LIBFABRIC server cannot start on this host, or None when it can: the probe's
+    agent, made in the environment the rig gives LIBFABRIC servers, names what failed (for a
+    plugin that does not load, the loader's own message)."""
+    env = {**os.environ, "NIXL_LOG_LEVEL": "INFO"}
+    env.update(libfabric_env(env))
+    python = str(ENGINE_VENV / "bin" / "python")
+    probe = subprocess.run(
+        [python, "-c", LIBFABRIC_PROBE], env=env, capture_output=True, text=True, timeout=120
+    )
+    if probe.returncode == 0:
+        return None
+    lines = probe.stderr.splitlines()
+    cause = [line for line in lines if GLOG_PROBLEM.match(line) or "Failed to load plugin" in line]
+    return "NIXL's LIBFABRIC backend cannot start here: " + " | ".join([*cause[:3], *lines[-1:]])
+
+
+@pytest.fixture(scope="module")
+def libfabric_on(rig: Rig) -> Iterator[Pair]:
+    """The ON pair over LIBFABRIC, for one test module (two more servers beside the rig's four
+    only while it runs); its tests skip, saying why, where the backend cannot start
+    (tests/engine/setup_env.sh says what it needs)."""
+    problem = libfabric_problem()
+    if problem is not None:
+        pytest.skip(problem)
+    connector = os.environ.get(RIG_CONNECTOR_ENV, CONNECTOR_CLASS)
+    specs = [
+        ServerSpec("prefill-on", Role.PREFILL, 18120, 15620, PREFILL_CORE, connector=connector),
+        ServerSpec("decode-on", Role.DECODE, 18220, 15621, DECODE_CORE, connector=connector),
+    ]
+    servers = [EngineServer(over(LIBFABRIC, spec), MODEL_DIR, rig.log_dir) for spec in specs]
+    start_all(servers)
+    try:
+        yield Pair(servers[0], servers[1])
+    finally:
+        for server in servers:
+            server.stop()
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def on_pair(request: pytest.FixtureRequest, rig: Rig) -> Pair:
+    """The bidirectional ON pair over each NIXL backend in turn (the test id names it)."""
+    if request.param == "UCX":
+        return rig.on
+    pair: Pair = request.getfixturevalue("libfabric_on")
+    return pair
+
+
+def over(backends: tuple[str, ...], spec: ServerSpec) -> ServerSpec:
+    """``spec`` on NIXL ``backends`` (a pair's, for a server that moves KV with the pair's),
+    its log named after them when they are not the rig's default."""
+    if backends == spec.backends:
+        return spec
+    return replace(spec, name=f"{spec.name}-{'-'.join(backends).lower()}", backends=backends)

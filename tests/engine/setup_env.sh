@@ -39,6 +39,35 @@ if [[ ! -e /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 ]]; then
     apt-get update -qq && apt-get install -y -qq libfaketime >/dev/null
 fi
 
+# NIXL's LIBFABRIC plugin (engine tests run over UCX and LIBFABRIC) links libfabric.so.1 at its
+# FABRIC_1.10 ABI, libhwloc.so.15, libcudart.so.13 (the venv's nvidia-cuda-runtime wheel) and
+# libcuda.so.1, none of which this CPU host has. The rig puts $LIBFABRIC_CPU on the loader path
+# of its LIBFABRIC servers (tools/disagg/rig/engine.py, LIBFABRIC_CPU_LIB): Debian's libhwloc15,
+# extracted there, not installed; a libcuda.so.1 stand-in whose every call reports no device
+# (the plugin calls CUDA only for VRAM); and the libfabric.so.1 of the directory LIBFABRIC_LIB
+# names, if set. No Debian release has a libfabric that new (bookworm's 1.17 stops at
+# FABRIC_1.6, trixie's 2.1 at FABRIC_1.8): without one, the LIBFABRIC tests skip, saying why.
+LIBFABRIC_CPU="$CACHE/libfabric-cpu/lib"
+mkdir -p "$LIBFABRIC_CPU"
+if [[ ! -e "$LIBFABRIC_CPU/libhwloc.so.15" ]]; then
+    DEBS=$(mktemp -d)
+    (cd "$DEBS" && { apt-get download libhwloc15 >/dev/null 2>&1 \
+        || { apt-get update -qq && apt-get download libhwloc15 >/dev/null 2>&1; }; })
+    dpkg-deb -x "$DEBS"/libhwloc15_*.deb "$DEBS/root"
+    cp -L "$DEBS"/root/usr/lib/*/libhwloc.so.15 "$LIBFABRIC_CPU/"
+    rm -rf "$DEBS"
+fi
+cc -shared -fPIC -O2 -Wl,-soname,libcuda.so.1 -o "$LIBFABRIC_CPU/libcuda.so.1" \
+    "$REPO_ROOT/tests/engine/libcuda_stub.c"
+if [[ -n "${LIBFABRIC_LIB:-}" ]]; then
+    if ! objdump -T "$LIBFABRIC_LIB/libfabric.so.1" | grep 'FABRIC_1\.10' >/dev/null; then
+        echo "LIBFABRIC_LIB=$LIBFABRIC_LIB: its libfabric.so.1 lacks the FABRIC_1.10 ABI" \
+            "NIXL's LIBFABRIC plugin links; give the lib directory of a newer libfabric" >&2
+        exit 1
+    fi
+    cp -L "$LIBFABRIC_LIB/libfabric.so.1" "$LIBFABRIC_CPU/"
+fi
+
 # Install from a clean copy of the package sources: an in-tree build could ship stale modules.
 SRC=$(mktemp -d)
 trap 'rm -rf "$SRC"' EXIT

