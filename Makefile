@@ -110,6 +110,15 @@ engine-env:
 test-engine: engine-env
 	flock $(HEAVY_LOCK) $(ENGINE_VENV)/bin/pytest tests/engine -p no:cacheprovider
 
+# The bidirectional, hostile-offer and lease engine tests over NIXL's LIBFABRIC backend (EFA's
+# code path, libfabric's tcp provider). Its plugin links a libfabric newer than any Debian
+# package (the FABRIC_1.10 ABI): give one with `LIBFABRIC_LIB=<lib dir> make engine-env`;
+# without it every test here fails naming what did not load. Not part of `make test`.
+.PHONY: test-engine-libfabric
+test-engine-libfabric: engine-env
+	DISAGG_ENGINE_BACKENDS=LIBFABRIC flock $(HEAVY_LOCK) $(ENGINE_VENV)/bin/pytest -p no:cacheprovider \
+		tests/engine/test_bidirectional.py tests/engine/test_hostile_offers.py tests/engine/test_leases_engine.py
+
 ## ---- Chart -------------------------------------------------------------------
 # The Helm chart (charts/disagg-operator) and the plain path built from it: its crds/ is a copy of
 # crds/ and deploy/disagg-operator.yaml is its `helm template` output (unit tests fail on drift).

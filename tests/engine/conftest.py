@@ -2,8 +2,9 @@
 
 Prefill servers share core 0 and decode servers core 1. Servers stay up for the session;
 tests that need another decode config (short TTL, no 2-core hooks) start one more decode.
-Tests that take the ``on_pair`` fixture run over each NIXL backend: the rig's ON pair (UCX),
-then an ON pair over LIBFABRIC with libfabric's tcp provider, which each such module starts.
+Tests that take the ``on_pair`` fixture run over each NIXL backend ``DISAGG_ENGINE_BACKENDS``
+names: the rig's ON pair (UCX), or an ON pair over LIBFABRIC with libfabric's tcp provider,
+which each such module starts.
 """
 
 from __future__ import annotations
@@ -33,8 +34,12 @@ MODEL_DIR = CACHE / "models" / "tiny-llama-h256-l4-v1"
 PREFILL_CORE, DECODE_CORE = 0, 1
 RIG_CONNECTOR_ENV = "DISAGG_RIG_CONNECTOR"
 """Set to ``NixlConnector`` to run the bidirectional servers with vLLM's stock connector."""
-BACKENDS = ("UCX", "LIBFABRIC")
-"""The NIXL backends the ``on_pair`` fixture runs its tests over, in this order."""
+BACKENDS_ENV = "DISAGG_ENGINE_BACKENDS"
+"""Comma-separated NIXL backends the ``on_pair`` tests run over, in order: UCX when unset (``make
+test-engine``); ``make test-engine-libfabric`` sets LIBFABRIC."""
+BACKENDS = tuple(
+    name.strip() for name in os.environ.get(BACKENDS_ENV, "UCX").split(",") if name.strip()
+)
 LIBFABRIC = ("LIBFABRIC",)
 """A server's backends over LIBFABRIC alone (never beside UCX, which NIXL would pick first)."""
 LIBFABRIC_PROBE = (
@@ -115,11 +120,11 @@ def libfabric_problem() -> str | None:
 @pytest.fixture(scope="module")
 def libfabric_on(rig: Rig) -> Iterator[Pair]:
     """The ON pair over LIBFABRIC, for one test module (two more servers beside the rig's four
-    only while it runs); its tests skip, saying why, where the backend cannot start
+    only while it runs); its tests fail, saying why, where the backend cannot start
     (tests/engine/setup_env.sh says what it needs)."""
     problem = libfabric_problem()
     if problem is not None:
-        pytest.skip(problem)
+        pytest.fail(problem)
     connector = os.environ.get(RIG_CONNECTOR_ENV, CONNECTOR_CLASS)
     specs = [
         ServerSpec("prefill-on", Role.PREFILL, 18120, 15620, PREFILL_CORE, connector=connector),

@@ -39,14 +39,15 @@ if [[ ! -e /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 ]]; then
     apt-get update -qq && apt-get install -y -qq libfaketime >/dev/null
 fi
 
-# NIXL's LIBFABRIC plugin (engine tests run over UCX and LIBFABRIC) links libfabric.so.1 at its
+# NIXL's LIBFABRIC plugin (make test-engine-libfabric) links libfabric.so.1 at its
 # FABRIC_1.10 ABI, libhwloc.so.15, libcudart.so.13 (the venv's nvidia-cuda-runtime wheel) and
 # libcuda.so.1, none of which this CPU host has. The rig puts $LIBFABRIC_CPU on the loader path
 # of its LIBFABRIC servers (tools/disagg/rig/engine.py, LIBFABRIC_CPU_LIB): Debian's libhwloc15,
 # extracted there, not installed; a libcuda.so.1 stand-in whose every call reports no device
 # (the plugin calls CUDA only for VRAM); and the libfabric.so.1 of the directory LIBFABRIC_LIB
 # names, if set. No Debian release has a libfabric that new (bookworm's 1.17 stops at
-# FABRIC_1.6, trixie's 2.1 at FABRIC_1.8): without one, the LIBFABRIC tests skip, saying why.
+# FABRIC_1.6, trixie's 2.1 at FABRIC_1.8): without one, `make test-engine-libfabric` fails,
+# saying why (`make test-engine` runs over UCX only).
 LIBFABRIC_CPU="$CACHE/libfabric-cpu/lib"
 mkdir -p "$LIBFABRIC_CPU"
 if [[ ! -e "$LIBFABRIC_CPU/libhwloc.so.15" ]]; then
