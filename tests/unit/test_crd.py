@@ -18,6 +18,7 @@ from disagg_operator.models import MAX_MULTI_NODE_NAME_LENGTH, MULTI_NODE_NAME_M
 from dmodel_samples import (
     ADMITTED_MANAGED_SPELLINGS,
     EXAMPLES,
+    HTTP_ROUTE,
     INVALID_SPECS,
     LEGIT_EXTRA_ARGS,
     ROUTER_TENANTS,
@@ -226,6 +227,20 @@ def test_cel_rule_refuses_what_the_model_validator_refuses(case: InvalidSpec) ->
             },
         },
         {"router": {"tenants": {"maxRequestsPerTenant": 1, "overrides": {}}}},
+        {"router": {"httpRoute": HTTP_ROUTE}},
+        {
+            "router": {
+                "httpRoute": {
+                    "parentRefs": [
+                        {"name": "public", "sectionName": "http"},
+                        {"name": "public", "sectionName": "https"},
+                        {"name": "public", "namespace": "gateways"},
+                        {"name": "internal", "sectionName": "http"},
+                    ],
+                    "hostnames": ["*.example.com", "example.com", "x" * 253],
+                }
+            }
+        },
     ],
 )
 def test_cel_and_models_accept_the_edge_of_each_rule(patch: dict[str, Any]) -> None:
