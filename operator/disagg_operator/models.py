@@ -1379,10 +1379,11 @@ class RouterHttpRouteSpec(ApiModel):
             field="parentRefs",
             message="a Gateway named twice needs a different sectionName in each reference "
             "(Gateway API refuses an HTTPRoute attached twice to one listener)",
+            # CEL sees `namespace`, one of its reserved words, as `__namespace__`.
             cel="self.parentRefs.all(p1, self.parentRefs.exists_one(p2, p1.name == p2.name && "
-            "(has(p1.namespace) ? p1.namespace : '') == (has(p2.namespace) ? p2.namespace : '') "
-            "&& (!has(p1.sectionName) || !has(p2.sectionName) || "
-            "p1.sectionName == p2.sectionName)))",
+            "(has(p1.__namespace__) ? p1.__namespace__ : '') == "
+            "(has(p2.__namespace__) ? p2.__namespace__ : '') && "
+            "(!has(p1.sectionName) || !has(p2.sectionName) || p1.sectionName == p2.sectionName)))",
             check=lambda m: not _same_parent_twice(m),
             explain=lambda m: f"repeated {', '.join(map(repr, _same_parent_twice(m)))}",
         ),

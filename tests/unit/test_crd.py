@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -10,7 +11,13 @@ import celpy
 import pytest
 import yaml
 
-from crd_admission import admission_errors, apply_defaults, cel_failures, root_schema
+from crd_admission import (
+    CEL_RESERVED,
+    admission_errors,
+    apply_defaults,
+    cel_failures,
+    root_schema,
+)
 from disagg_operator.base import ApiModel
 from disagg_operator.errors import SpecError
 from disagg_operator.loading import load_resource, load_spec
@@ -117,6 +124,15 @@ def test_strings_and_lists_are_bounded_for_cel_cost() -> None:
             assert "maxItems" in node, path
         if node.get("type") == "object" and "additionalProperties" in node:
             assert "maxProperties" in node, path
+
+
+def test_rules_read_reserved_word_properties_by_their_escaped_names() -> None:
+    """The API server hands CEL a property named like a CEL reserved word (`namespace`) as
+    `__namespace__`; a rule reading it plainly fails its cost estimate, and the CRD with it."""
+    plain = re.compile(rf"\.({'|'.join(sorted(CEL_RESERVED))})\b")
+    for path, node in _nodes(root_schema()):
+        for rule in node.get("x-kubernetes-validations", []):
+            assert not plain.search(rule["rule"]), f"{path}: {rule['rule']}"
 
 
 def test_every_model_rule_is_a_cel_rule_with_the_same_message() -> None:
