@@ -3,7 +3,7 @@ the real operator and the Gateway API's own CRDs (the standard install of the pi
 fetched by `fetch-gateway-api.sh`): the route is applied owned by the model, sending to the
 router Service on its port, repaired after hand edits and deleted once the spec drops it; on a
 cluster without the Gateway API CRDs the model is Degraded naming the CRD and the fix, and the
-rest of the model is applied.
+rest of the model is applied; the API server tells two Gateways of one name apart by namespace.
 
 The Gateway API CRDs are this module's alone: a fixture installs them for one test (labelled as
 the test's) and removes them after it, so that the local cluster serves no HTTPRoute to other
@@ -178,3 +178,29 @@ def test_without_the_gateway_api_the_model_is_degraded_naming_the_fix(
         timeout_s=60,
     )
     assert not operator.proc_exited()
+
+
+@pytest.mark.parametrize(
+    ("parents", "refused"),
+    [
+        ([{"name": "public", "namespace": "a"}, {"name": "public", "namespace": "b"}], False),
+        ([{"name": "public", "namespace": "a"}, {"name": "public"}], False),
+        ([{"name": "public", "namespace": "a"}, {"name": "public", "namespace": "a"}], True),
+    ],
+    ids=["two-namespaces", "set-and-unset", "same-namespace"],
+)
+def test_the_api_server_tells_gateways_apart_by_namespace(
+    kubectl: kube.Kubectl,
+    crds: None,  # noqa: F811
+    namespace: str,
+    parents: list[dict[str, str]],
+    refused: bool,
+) -> None:
+    """The parentRefs rule reads each reference's namespace (`__namespace__` to CEL): one
+    Gateway name in two namespaces is two Gateways."""
+    model = small_model(NAME, namespace, router={"httpRoute": {"parentRefs": parents}})
+    proc = kubectl.run("create", "-n", namespace, "--dry-run=server", "-f", "-",
+                       input=json.dumps(model), check=False)  # fmt: skip
+    assert (proc.returncode != 0) == refused, proc.stderr
+    if refused:
+        assert "a Gateway named twice needs a different sectionName" in proc.stderr
