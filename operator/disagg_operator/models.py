@@ -1325,6 +1325,85 @@ def _source_ranges_fit(router: RouterSpec) -> bool:
     return not router.service.load_balancer_source_ranges or router.service_type == "LoadBalancer"
 
 
+GATEWAY_HOSTNAME_PATTERN = (
+    r"^(\*\.)?[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+)
+"""A Gateway API hostname: a DNS name, its first label may be a `*` wildcard."""
+GatewayHostname = Annotated[
+    str, StringConstraints(min_length=1, max_length=253, pattern=GATEWAY_HOSTNAME_PATTERN)
+]
+MAX_PARENT_REFS = 32
+"""The most parents an HTTPRoute takes (Gateway API's bound)."""
+MAX_HOSTNAMES = 16
+"""The most hostnames an HTTPRoute takes (Gateway API's bound)."""
+
+
+class GatewayRef(ApiModel):
+    """A Gateway (or one of its listeners) the router's HTTPRoute attaches to: a Gateway API
+    ParentReference of kind Gateway."""
+
+    name: ObjectName = Field(description="Name of the Gateway.")
+    namespace: DnsLabel | None = Field(
+        None,
+        description="Namespace of the Gateway; its listeners must allow routes from the model's "
+        "namespace (allowedRoutes). Default: unset, the model's namespace.",
+    )
+    section_name: DnsSubdomain | None = Field(
+        None,
+        description="Name of one listener of the Gateway to attach to. Default: unset, every "
+        "listener that allows the route.",
+    )
+
+
+def _same_parent_twice(route: RouterHttpRouteSpec) -> list[str]:
+    """The Gateways two parentRefs name without telling two listeners apart (Gateway API
+    refuses them: a repeated Gateway needs a distinct sectionName in each reference)."""
+    repeated = []
+    refs = route.parent_refs
+    for index, first in enumerate(refs):
+        for second in refs[index + 1 :]:
+            same_gateway = (first.name, first.namespace) == (second.name, second.namespace)
+            sections = (first.section_name, second.section_name)
+            if same_gateway and (None in sections or sections[0] == sections[1]):
+                repeated.append(first.name)
+    return repeated
+
+
+class RouterHttpRouteSpec(ApiModel):
+    """A Gateway API HTTPRoute (gateway.networking.k8s.io/v1) sending a Gateway's traffic to
+    the router Service: the way into the router where a Gateway controller, not a
+    LoadBalancer Service, exposes applications."""
+
+    rules = (
+        CrossFieldRule(
+            field="parentRefs",
+            message="a Gateway named twice needs a different sectionName in each reference "
+            "(Gateway API refuses an HTTPRoute attached twice to one listener)",
+            # CEL sees `namespace`, one of its reserved words, as `__namespace__`.
+            cel="self.parentRefs.all(p1, self.parentRefs.exists_one(p2, p1.name == p2.name && "
+            "(has(p1.__namespace__) ? p1.__namespace__ : '') == "
+            "(has(p2.__namespace__) ? p2.__namespace__ : '') && "
+            "(!has(p1.sectionName) || !has(p2.sectionName) || p1.sectionName == p2.sectionName)))",
+            check=lambda m: not _same_parent_twice(m),
+            explain=lambda m: f"repeated {', '.join(map(repr, _same_parent_twice(m)))}",
+        ),
+    )
+
+    parent_refs: list[GatewayRef] = Field(
+        min_length=1,
+        max_length=MAX_PARENT_REFS,
+        description="The Gateways the HTTPRoute attaches to, at least one, e.g. "
+        "[{name: public, namespace: gateways}].",
+    )
+    hostnames: list[GatewayHostname] = Field(
+        default_factory=list,
+        max_length=MAX_HOSTNAMES,
+        description="Host names the route answers (Gateway API hostnames, e.g. "
+        "llm.example.com or *.example.com). Default: none, every host name the Gateway's "
+        "listeners accept.",
+    )
+
+
 ROUTER_MAX_CONCURRENT_REQUESTS = 1024
 """Generation requests each router serves at once, rendered as its --max-concurrent-requests:
 every tenant's request share is at most this."""
@@ -1477,6 +1556,11 @@ class RouterSpec(ApiModel):
     service: RouterServiceSpec = Field(
         default_factory=RouterServiceSpec,
         description="Annotations and load balancer source ranges of the router Service.",
+    )
+    http_route: RouterHttpRouteSpec | None = Field(
+        None,
+        description="A Gateway API HTTPRoute to the router Service, from the Gateways it "
+        "names (the Gateway API CRDs must be installed). Default: unset, no HTTPRoute.",
     )
     conversation_ttl_seconds: Annotated[int, Field(ge=1, le=86400)] | None = Field(
         None,

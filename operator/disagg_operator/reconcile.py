@@ -72,6 +72,7 @@ WITHOUT_KIND = {
     "ScaledObject": "or set the role's autoscaling.engine to hpa",
     "PodMonitor": "or set spec.monitoring.podMonitors to false",
     "LeaderWorkerSet": "or set the role's nodesPerReplica to 1",
+    "HTTPRoute": "or remove spec.router.httpRoute",
 }
 """For each kind a CRD the cluster may lack defines: the spec change that does without it."""
 
@@ -466,8 +467,9 @@ class Reconciler:
         outcome: Outcome,
     ) -> None:
         """Delete this model's children of the kinds rendered on request (autoscalers,
-        PodMonitors) that the spec no longer asks for: a role's autoscaler left behind would
-        fight the operator over a replica count the spec fixed again, or the other engine."""
+        PodMonitors, the router's HTTPRoute) that the spec no longer asks for: a role's
+        autoscaler left behind would fight the operator over a replica count the spec fixed
+        again, or the other engine; a route left behind would keep exposing the router."""
         wanted = {key(manifest) for manifest in desired}
         kinds = {resource.kind: resource for resource in ON_REQUEST}
         for child, live in list(current.items()):

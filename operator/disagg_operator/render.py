@@ -843,9 +843,30 @@ def _router(name: str, namespace: str, spec: DisaggregatedModelSpec) -> list[Man
             annotations=router.service.annotations,
             source_ranges=router.service.load_balancer_source_ranges,
         ),
+        *_http_route(common, router),
         _disruption_budget(name, namespace, Component.ROUTER),
         _network_policy(name, namespace, Component.ROUTER, _router_ingress(spec)),
         deployment,
+    ]
+
+
+def _http_route(common: dict[str, Any], router: RouterSpec) -> list[Manifest]:
+    """The router's HTTPRoute when `spec.router.httpRoute` asks for one: the Gateways it names
+    send every request for its hostnames to the router Service (named as the route), on the
+    Service's port. Gateway API defaults a parent's group and kind to a Gateway's and a
+    backend's kind to Service, so neither is rendered."""
+    route = router.http_route
+    if route is None:
+        return []
+    return [
+        _render(
+            "router/httproute.yaml.j2",
+            **common,
+            parent_refs=[ref.model_dump(exclude_none=True) for ref in route.parent_refs],
+            hostnames=route.hostnames,
+            service=common["name"],
+            port=router.port,
+        )
     ]
 
 

@@ -67,6 +67,9 @@ SCALED_OBJECTS = ApiResource("keda.sh", "v1alpha1", "scaledobjects", "ScaledObje
 POD_MONITORS = ApiResource(
     "monitoring.coreos.com", "v1", "podmonitors", "PodMonitor", "the Prometheus Operator"
 )
+HTTP_ROUTES = ApiResource(
+    "gateway.networking.k8s.io", "v1", "httproutes", "HTTPRoute", "the Gateway API CRDs"
+)
 DISAGGREGATED_MODELS = ApiResource(GROUP, VERSION, PLURAL, KIND)
 
 CHILD_RESOURCES = (
@@ -83,13 +86,15 @@ CHILD_RESOURCES = (
     HORIZONTAL_POD_AUTOSCALERS,
     SCALED_OBJECTS,
     POD_MONITORS,
+    HTTP_ROUTES,
 )
 """Every kind `render` produces; the operator applies, watches and repairs them."""
 
-ON_REQUEST = (HORIZONTAL_POD_AUTOSCALERS, SCALED_OBJECTS, POD_MONITORS)
-"""The kinds `render` produces only when the spec asks (a role's autoscaler, the PodMonitors):
-the operator deletes its own once the spec no longer asks, so that no autoscaler it left keeps
-scaling a role the spec fixed (or another engine now scales)."""
+ON_REQUEST = (HORIZONTAL_POD_AUTOSCALERS, SCALED_OBJECTS, POD_MONITORS, HTTP_ROUTES)
+"""The kinds `render` produces only when the spec asks (a role's autoscaler, the PodMonitors,
+the router's HTTPRoute): the operator deletes its own once the spec no longer asks, so that no
+autoscaler it left keeps scaling a role the spec fixed (or another engine now scales) and no
+route it left keeps exposing the router."""
 
 ROLE_WORKLOADS = (STATEFUL_SETS, LEADER_WORKER_SETS)
 """The kinds a serving role's servers take (one pod each, or one LeaderWorkerSet group each).

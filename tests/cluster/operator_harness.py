@@ -36,15 +36,16 @@ from prometheus_client.parser import text_string_to_metric_families
 import kube
 from disagg_operator.loading import load_resource
 from disagg_operator.render import render
-from disagg_operator.resources import CHILD_RESOURCES, POD_MONITORS, SCALED_OBJECTS
+from disagg_operator.resources import CHILD_RESOURCES, HTTP_ROUTES, POD_MONITORS, SCALED_OBJECTS
 
 DISAGG = Path(sys.executable).parent / "disagg"
 WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 HOP_HEADERS = frozenset(
     {"host", "content-length", "transfer-encoding", "connection", "accept-encoding", "keep-alive"}
 )
-NOT_SERVED = (SCALED_OBJECTS, POD_MONITORS)
-"""Child kinds whose CRDs the local control plane lacks (KEDA, the Prometheus Operator)."""
+NOT_SERVED = (SCALED_OBJECTS, POD_MONITORS, HTTP_ROUTES)
+"""Child kinds whose CRDs the local control plane lacks (KEDA, the Prometheus Operator, the
+Gateway API: test_operator_http_route.py installs its CRDs for its own tests only)."""
 CHILD_KINDS = ",".join(
     f"{r.plural}.{r.group}" if r.group else r.plural for r in CHILD_RESOURCES if r not in NOT_SERVED
 )

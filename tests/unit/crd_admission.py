@@ -2,8 +2,9 @@
 
 It applies the structural schema's defaults, validates the OpenAPI constraints (jsonschema),
 refuses unknown fields (kubectl's strict field validation) and evaluates every CEL rule with
-cel-python, reporting each problem as `path: message` with the rule's `fieldPath` appended, as
-the API server does. The cluster tests check the same against a real kube-apiserver.
+cel-python on the object as the API server hands it to CEL (property names that are CEL
+reserved words escaped), reporting each problem as `path: message` with the rule's `fieldPath`
+appended, as the API server does. The cluster tests check the same against a real kube-apiserver.
 """
 
 from __future__ import annotations
@@ -78,6 +79,42 @@ def _unknown_fields(obj: Any, schema: Schema, loc: list[int | str]) -> Iterator[
             yield from _unknown_fields(item, schema["items"], [*loc, index])
 
 
+CEL_RESERVED = frozenset(
+    {"true", "false", "null", "in", "as", "break", "const", "continue", "else", "for",
+     "function", "if", "import", "let", "loop", "package", "namespace", "return", "var", "void",
+     "while"}
+)  # fmt: skip
+"""Property names the API server hands CEL rules escaped as `__name__` (k8s.io/apiserver's
+pkg/cel escaping): a rule reads a `namespace` property as `self.__namespace__`."""
+_CEL_ESCAPES = (("__", "__underscores__"), (".", "__dot__"), ("-", "__dash__"), ("/", "__slash__"))
+
+
+def cel_name(name: str) -> str:
+    """A schema property's name as CEL rules see it."""
+    if name in CEL_RESERVED:
+        return f"__{name}__"
+    for plain, escaped in _CEL_ESCAPES:
+        name = name.replace(plain, escaped)
+    return name
+
+
+def _as_cel_sees(obj: Any, schema: Schema) -> Any:
+    """`obj` with its declared properties named as CEL rules see them (map keys stay)."""
+    if isinstance(obj, dict):
+        properties = schema.get("properties")
+        if properties is not None:
+            return {
+                cel_name(k) if k in properties else k: _as_cel_sees(v, properties.get(k, {}))
+                for k, v in obj.items()
+            }
+        values = schema.get("additionalProperties")
+        if isinstance(values, dict):
+            return {k: _as_cel_sees(v, values) for k, v in obj.items()}
+    elif isinstance(obj, list) and "items" in schema:
+        return [_as_cel_sees(item, schema["items"]) for item in obj]
+    return obj
+
+
 @cache
 def _program(rule: str) -> celpy.Runner:
     env = celpy.Environment()
@@ -88,7 +125,8 @@ def cel_failures(obj: Any, schema: Schema, loc: list[int | str]) -> Iterator[str
     """`path: message` for every CEL rule that does not hold on `obj` or below it."""
     for rule in schema.get("x-kubernetes-validations", []):
         try:
-            result = _program(rule["rule"]).evaluate({"self": json_to_cel(obj)})
+            seen = json_to_cel(_as_cel_sees(obj, schema))
+            result = _program(rule["rule"]).evaluate({"self": seen})
         except CELEvalError:  # e.g. "no such key": the API server refuses those too
             result = None
         if not (isinstance(result, BoolType) and bool(result)):

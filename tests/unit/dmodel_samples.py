@@ -157,6 +157,21 @@ def _without(section: dict[str, Any], key: str) -> dict[str, Any]:
     return {k: v for k, v in section.items() if k != key}
 
 
+HTTP_ROUTE: dict[str, Any] = {
+    "parentRefs": [
+        {"name": "public", "namespace": "gateways", "sectionName": "https"},
+        {"name": "internal"},
+    ],
+    "hostnames": ["llm.example.com", "*.llm.example.com"],
+}
+"""A valid spec.router.httpRoute: two Gateways (one listener of the first), two hostnames."""
+
+
+def _route(**route: Any) -> dict[str, Any]:
+    """A spec patch with `spec.router.httpRoute` set to `route`."""
+    return {"router": {"httpRoute": route}}
+
+
 _KEYED: dict[str, Any] = {"auth": {"clientKeysSecret": {"name": "clients"}}}
 """Client keys, which tenant overrides need."""
 
@@ -659,6 +674,67 @@ INVALID_SPECS = [
             }
         },
         "spec.router.service.loadBalancerSourceRanges[0]",
+    ),
+    InvalidSpec(
+        "http-route-without-parents",
+        _route(parentRefs=[]),
+        "spec.router.httpRoute.parentRefs",
+    ),
+    InvalidSpec(
+        "http-route-parent-without-name",
+        _route(parentRefs=[{"namespace": "gateways"}]),
+        "spec.router.httpRoute.parentRefs[0].name",
+    ),
+    InvalidSpec(
+        "http-route-parent-namespace-not-a-dns-label",
+        _route(parentRefs=[{"name": "public", "namespace": "Gateways"}]),
+        "spec.router.httpRoute.parentRefs[0].namespace",
+    ),
+    InvalidSpec(
+        "http-route-section-name-not-a-dns-subdomain",
+        _route(parentRefs=[{"name": "public", "sectionName": "https_"}]),
+        "spec.router.httpRoute.parentRefs[0].sectionName",
+    ),
+    InvalidSpec(
+        "http-route-hostname-with-a-port",
+        _route(parentRefs=[{"name": "public"}], hostnames=["llm.example.com:443"]),
+        "spec.router.httpRoute.hostnames[0]",
+    ),
+    InvalidSpec(
+        "http-route-hostname-wildcard-inside",
+        _route(parentRefs=[{"name": "public"}], hostnames=["llm.*.example.com"]),
+        "spec.router.httpRoute.hostnames[0]",
+    ),
+    InvalidSpec(
+        "http-route-same-gateway-twice",
+        _route(parentRefs=[{"name": "public"}, {"name": "public"}]),
+        "spec.router.httpRoute.parentRefs",
+        cross_field=True,
+        says="a Gateway named twice needs a different sectionName",
+    ),
+    InvalidSpec(
+        "http-route-same-gateway-once-without-a-listener",
+        _route(
+            parentRefs=[
+                {"name": "public", "namespace": "gateways", "sectionName": "https"},
+                {"name": "public", "namespace": "gateways"},
+            ]
+        ),
+        "spec.router.httpRoute.parentRefs",
+        cross_field=True,
+        says="a Gateway named twice needs a different sectionName",
+    ),
+    InvalidSpec(
+        "http-route-same-listener-twice",
+        _route(
+            parentRefs=[
+                {"name": "public", "sectionName": "https"},
+                {"name": "public", "sectionName": "https"},
+            ]
+        ),
+        "spec.router.httpRoute.parentRefs",
+        cross_field=True,
+        says="a Gateway named twice needs a different sectionName",
     ),
     InvalidSpec(
         "auth-secret-without-name",

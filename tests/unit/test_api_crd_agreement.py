@@ -139,6 +139,23 @@ def _router_service() -> st.SearchStrategy[dict[str, Any]]:
     )
 
 
+def _http_route() -> st.SearchStrategy[dict[str, Any]]:
+    """Routes around Gateway API's rules: refs repeating one Gateway with and without
+    listeners, namespaces and hostnames that are and are not DNS names."""
+    parent = st.fixed_dictionaries(
+        {"name": st.sampled_from(["public", "internal"])},
+        optional={
+            "namespace": st.sampled_from(["gateways", "Gateways"]),
+            "sectionName": st.sampled_from(["http", "https", "h_1"]),
+        },
+    )
+    hostname = st.sampled_from(["llm.example.com", "*.example.com", "a.*.com", "Example.com", ""])
+    return st.fixed_dictionaries(
+        {"parentRefs": st.lists(parent, max_size=3)},
+        optional={"hostnames": st.lists(hostname, max_size=2)},
+    )
+
+
 TENANT_NAMES = ["team-a", "default", ".x", "..data", ".", "a/b", "a:b", "x" * 253, "y" * 254, "é"]
 """Tenant names around the Secret-key rule: kept, and refused by what a key may not be."""
 
@@ -195,6 +212,7 @@ SPEC_PATCHES = st.fixed_dictionaries(
                 "conversationTtlSeconds": st.sampled_from([0, 1, 54, 55, 94, 95, 474, 475]),
                 "serviceType": st.sampled_from(["ClusterIP", "LoadBalancer"]),
                 "service": _router_service(),
+                "httpRoute": _http_route(),
                 "headerTimeoutSeconds": st.sampled_from([0, 1, 10, 300, 301]),
                 "tenants": _router_tenants(),
                 "podLabels": _pod_labels(),

@@ -219,7 +219,7 @@ def test_rules_hold_no_wildcards_and_delete_only_workloads() -> None:
         if "delete" in rule["verbs"]:
             assert rule["verbs"] == ["delete"], "only a replaced or unrequested child is deleted"
             deletable = {"statefulsets", "leaderworkersets", "horizontalpodautoscalers",
-                         "scaledobjects", "podmonitors"}  # fmt: skip
+                         "scaledobjects", "podmonitors", "httproutes"}  # fmt: skip
             assert set(rule["resources"]) <= deletable, rule
         if "secrets" in rule["resources"]:
             assert set(rule["verbs"]) <= {"get", "create"}, "never listed, watched or rewritten"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -10,7 +11,13 @@ import celpy
 import pytest
 import yaml
 
-from crd_admission import admission_errors, apply_defaults, cel_failures, root_schema
+from crd_admission import (
+    CEL_RESERVED,
+    admission_errors,
+    apply_defaults,
+    cel_failures,
+    root_schema,
+)
 from disagg_operator.base import ApiModel
 from disagg_operator.errors import SpecError
 from disagg_operator.loading import load_resource, load_spec
@@ -18,6 +25,7 @@ from disagg_operator.models import MAX_MULTI_NODE_NAME_LENGTH, MULTI_NODE_NAME_M
 from dmodel_samples import (
     ADMITTED_MANAGED_SPELLINGS,
     EXAMPLES,
+    HTTP_ROUTE,
     INVALID_SPECS,
     LEGIT_EXTRA_ARGS,
     ROUTER_TENANTS,
@@ -116,6 +124,15 @@ def test_strings_and_lists_are_bounded_for_cel_cost() -> None:
             assert "maxItems" in node, path
         if node.get("type") == "object" and "additionalProperties" in node:
             assert "maxProperties" in node, path
+
+
+def test_rules_read_reserved_word_properties_by_their_escaped_names() -> None:
+    """The API server hands CEL a property named like a CEL reserved word (`namespace`) as
+    `__namespace__`; a rule reading it plainly fails its cost estimate, and the CRD with it."""
+    plain = re.compile(rf"\.({'|'.join(sorted(CEL_RESERVED))})\b")
+    for path, node in _nodes(root_schema()):
+        for rule in node.get("x-kubernetes-validations", []):
+            assert not plain.search(rule["rule"]), f"{path}: {rule['rule']}"
 
 
 def test_every_model_rule_is_a_cel_rule_with_the_same_message() -> None:
@@ -226,6 +243,20 @@ def test_cel_rule_refuses_what_the_model_validator_refuses(case: InvalidSpec) ->
             },
         },
         {"router": {"tenants": {"maxRequestsPerTenant": 1, "overrides": {}}}},
+        {"router": {"httpRoute": HTTP_ROUTE}},
+        {
+            "router": {
+                "httpRoute": {
+                    "parentRefs": [
+                        {"name": "public", "sectionName": "http"},
+                        {"name": "public", "sectionName": "https"},
+                        {"name": "public", "namespace": "gateways"},
+                        {"name": "internal", "sectionName": "http"},
+                    ],
+                    "hostnames": ["*.example.com", "example.com", "x" * 253],
+                }
+            }
+        },
     ],
 )
 def test_cel_and_models_accept_the_edge_of_each_rule(patch: dict[str, Any]) -> None:

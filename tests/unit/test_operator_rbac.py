@@ -41,7 +41,7 @@ def test_no_wildcards_and_delete_only_for_replaced_or_unrequested_children() -> 
             assert {(g, p) for g in rule["apiGroups"] for p in rule["resources"]} <= kinds
 
 
-def test_only_role_workloads_autoscalers_and_pod_monitors_can_be_deleted() -> None:
+def test_only_role_workloads_autoscalers_pod_monitors_and_routes_can_be_deleted() -> None:
     deletable = {
         (group, plural)
         for r in namespaced_rules()
@@ -55,6 +55,7 @@ def test_only_role_workloads_autoscalers_and_pod_monitors_can_be_deleted() -> No
         ("autoscaling", "horizontalpodautoscalers"),
         ("keda.sh", "scaledobjects"),
         ("monitoring.coreos.com", "podmonitors"),
+        ("gateway.networking.k8s.io", "httproutes"),
     }
 
 
@@ -75,6 +76,7 @@ def test_every_rendered_kind_is_a_child_kind() -> None:
                     }
                 },
                 "monitoring": {"podMonitors": True},
+                "router": {"httpRoute": {"parentRefs": [{"name": "gateway"}]}},
             }
         )
     )
