@@ -27,12 +27,6 @@ LWS_GO="$CLUSTER_SRC/lws"
 LWS_VERSION="$(gomod_version sigs.k8s.io/lws "$LWS_GO/go.mod")"
 LWS_BIN="$DISAGG_CACHE/lws-$LWS_VERSION/bin"
 LWS_STATE="$CLUSTER_STATE/lws"
-# The Gateway API's CRDs (gateway-api/): only fetched (fetch-gateway-api.sh), never built; the
-# cluster tests of the router's HTTPRoute install them for themselves and remove them after.
-GATEWAY_API_GO="$CLUSTER_SRC/gateway-api"
-GATEWAY_API_VERSION="$(gomod_version sigs.k8s.io/gateway-api "$GATEWAY_API_GO/go.mod")"
-GATEWAY_API_CRDS="$DISAGG_CACHE/gateway-api-$GATEWAY_API_VERSION/crds"
-
 # The real node (node/): kubelet and kube-proxy from the control plane's Kubernetes release,
 # containerd and the CNI plugins from their own pinned modules, runc from Debian.
 # DISAGG_REAL_NODE=1 makes cluster-up start it beside the fake nodes.

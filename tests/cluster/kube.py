@@ -1,9 +1,8 @@
 """Helpers for tests that run against the local Kubernetes control plane.
 
 The control plane is built and started by the shell scripts next to this module
-(`build.sh`, `cluster-up.sh`, `cluster-down.sh`; `fetch-gateway-api.sh` fetches the Gateway
-API's CRDs); `env.sh` is the one place that names its versions and paths. The pytest fixtures
-in `conftest.py` wrap these helpers.
+(`build.sh`, `cluster-up.sh`, `cluster-down.sh`); `env.sh` is the one place that names its
+versions and paths. The pytest fixtures in `conftest.py` wrap these helpers.
 """
 
 from __future__ import annotations
@@ -63,15 +62,6 @@ def cluster_env() -> ClusterEnv:
 def build_binaries() -> None:
     """Build kubectl, helm and the control plane into the cache (a no-op when cached)."""
     subprocess.run(["bash", str(HERE / "build.sh")], check=True, stdout=subprocess.DEVNULL)
-
-
-def gateway_api_crds() -> Path:
-    """The folder of the Gateway API's standard-install CRDs of the pinned release, fetched
-    into the cache by `fetch-gateway-api.sh` (a no-op when cached)."""
-    out = subprocess.run(
-        ["bash", str(HERE / "fetch-gateway-api.sh")], check=True, stdout=subprocess.PIPE, text=True
-    ).stdout
-    return Path(out.strip().splitlines()[-1])
 
 
 def cluster_up() -> Path:

@@ -1,5 +1,5 @@
-"""Files of other projects' pinned Go modules that the docs' manifests are checked against:
-eksctl's ClusterConfig JSON schema, Karpenter's CRDs and the Prometheus Operator's CRDs.
+"""Files of other projects' pinned Go modules the cluster tests read: eksctl's ClusterConfig
+JSON schema, Karpenter's, the Prometheus Operator's and the Gateway API's CRDs.
 
 Each module is fetched once with `go mod download` (the Go module proxy, as the control plane's
 modules are) and the files the tests read are copied into $DISAGG_CACHE/docs-modules/
@@ -66,6 +66,30 @@ PROMETHEUS_OPERATOR = PinnedModule(
 )
 """The Prometheus Operator (what kube-prometheus-stack runs): the CRDs of the objects the
 operator chart and the models render."""
+
+
+GATEWAY_API_STANDARD = "config/crd/standard"
+GATEWAY_API = PinnedModule(
+    "sigs.k8s.io/gateway-api",
+    "v1.6.3",
+    tuple(
+        f"{GATEWAY_API_STANDARD}/gateway.networking.k8s.io_{kind}.yaml"
+        for kind in (
+            "backendtlspolicies",
+            "gatewayclasses",
+            "gateways",
+            "grpcroutes",
+            "httproutes",
+            "listenersets",
+            "referencegrants",
+            "tcproutes",
+            "tlsroutes",
+            "udproutes",
+        )
+    ),
+)
+"""The Gateway API: its standard-install CRDs (not the ValidatingAdmissionPolicy beside them in
+the module, which would outlive the CRDs a test removes), for the router's HTTPRoute."""
 
 
 def _download(module: PinnedModule) -> Path:

@@ -1,6 +1,6 @@
 """The router's Gateway API HTTPRoute (`spec.router.httpRoute`) on the real control plane, with
 the real operator and the Gateway API's own CRDs (the standard install of the pinned release,
-fetched by `fetch-gateway-api.sh`): the route is applied owned by the model, sending to the
+fetched by `pinned_files.py`): the route is applied owned by the model, sending to the
 router Service on its port, repaired after hand edits and deleted once the spec drops it; on a
 cluster without the Gateway API CRDs the model is Degraded naming the CRD and the fix, and the
 rest of the model is applied; the API server tells two Gateways of one name apart by namespace.
@@ -23,6 +23,7 @@ import kube
 from disagg_operator.resources import HTTP_ROUTES
 from operator_fixtures import StartOperator, crds, small_model, start_operator  # noqa: F401
 from operator_harness import apply_crds, condition, dmodel
+from pinned_files import GATEWAY_API, GATEWAY_API_STANDARD, pinned_files
 
 NAME = "m"
 ROUTER = f"{NAME}-router"
@@ -48,7 +49,8 @@ def _remove_ours(kubectl: kube.Kubectl) -> None:
 def gateway_api(kubectl: kube.Kubectl) -> Iterator[None]:
     """The Gateway API's standard-install CRDs, Established and served, for one test."""
     ours = not _serves_routes(kubectl)
-    crds_dir = kube.gateway_api_crds()
+    crds_dir = GATEWAY_API.cache_dir / GATEWAY_API_STANDARD
+    pinned_files(GATEWAY_API)
     if ours:
         apply_crds(kubectl, crds_dir)
         kubectl("label", "-f", str(crds_dir), INSTALLED_BY, "--overwrite")
