@@ -13,16 +13,19 @@ the new CRDs applied server-side, `helm upgrade`, then the new operator.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 import kube
-from operator_fixtures import REPO, small_model
+from operator_fixtures import REPO, example_prerequisites, small_model
 from operator_harness import (
+    CHILD_KINDS,
     ApiProxy,
     OperatorProcess,
     Request,
@@ -35,8 +38,10 @@ from previous_release import archive, imported_from, pythonpath
 
 CHART_DIR = Path("charts") / "disagg-operator"
 NAME = "m"
-WORKLOADS = "statefulsets.apps,deployments.apps"
-"""The engine (StatefulSet) and router (Deployment) workloads of a model."""
+MULTI_NODE_EXAMPLE = Path("examples") / "kimi-k2-2node-p5en.yaml"
+"""The previous release's two-node example: its engines are LeaderWorkerSets."""
+WORKLOADS = "statefulsets.apps,deployments.apps,leaderworkersets.leaderworkerset.x-k8s.io"
+"""The engine (StatefulSet, LeaderWorkerSet) and router (Deployment) workloads of a model."""
 CONTAINER_ONLY = ("--liveness=", "--metrics-port=")
 """Chart arguments that open ports in the operator's pod, left out of a local process."""
 SCOPE = ("--namespace=", "--all-namespaces")
@@ -48,7 +53,7 @@ VOLATILE = ("resourceVersion",)
 @pytest.fixture
 def previous(tmp_path: Path, kubectl: kube.Kubectl) -> Iterator[Path]:
     """The previous release's tree (chart, CRDs, sources); this checkout's CRDs afterwards."""
-    tree = archive(tmp_path / "previous", CHART_DIR)
+    tree = archive(tmp_path / "previous", CHART_DIR, MULTI_NODE_EXAMPLE)
     assert imported_from(tree).is_relative_to(tree), "the archived sources are not imported"
     yield tree
     apply_crds(kubectl, REPO / CHART_DIR / "crds")
@@ -77,57 +82,75 @@ def _quiet(proxy: ApiProxy, seconds: float) -> bool:
     return not [w for w in proxy.writes(since) if not is_peering(w)]
 
 
-def _settled(kubectl: kube.Kubectl, namespace: str) -> bool:
-    """Every engine and router workload rolled out: one revision, all replicas on it."""
-    for workload in children(kubectl, namespace, NAME, kinds=WORKLOADS):
-        spec, status = workload["spec"], workload.get("status", {})
-        if status.get("observedGeneration") != workload["metadata"]["generation"]:
-            return False
-        if status.get("updatedReplicas", 0) != spec["replicas"]:
-            return False
-        if workload["kind"] == "StatefulSet" and (
-            status.get("currentRevision") != status.get("updateRevision")
-        ):
-            return False
-    return True
+def _models(kubectl: kube.Kubectl, namespace: str, previous: Path) -> list[dict[str, Any]]:
+    """A small model (StatefulSets) and the previous release's two-node example
+    (LeaderWorkerSets) in `namespace`, with the Secret and claim the example names."""
+    example: dict[str, Any] = yaml.safe_load((previous / MULTI_NODE_EXAMPLE).read_text())
+    example["metadata"]["namespace"] = namespace
+    example_prerequisites(kubectl, namespace, example)
+    return [small_model(NAME, namespace), example]
 
 
-def _snapshot(kubectl: kube.Kubectl, namespace: str) -> dict[str, Any]:
-    """What an upgrade must not change: every child less its status, the workloads' revisions,
-    the ControllerRevisions and ReplicaSets, and the pods' UIDs."""
+def _rolled_out(workload: dict[str, Any]) -> bool:
+    """A workload whose every replica runs its current template."""
+    spec, status = workload["spec"], workload.get("status", {})
+    if workload["kind"] == "LeaderWorkerSet":
+        counts = (status.get("updatedReplicas"), status.get("readyReplicas"))
+        return counts == (spec["replicas"], spec["replicas"])
+    if status.get("observedGeneration") != workload["metadata"]["generation"]:
+        return False
+    if status.get("updatedReplicas", 0) != spec["replicas"]:
+        return False
+    return workload["kind"] != "StatefulSet" or (
+        status.get("currentRevision") == status.get("updateRevision")
+    )
+
+
+def _settled(kubectl: kube.Kubectl, namespace: str, names: list[str]) -> bool:
+    """Every engine and router workload of the models rolled out."""
+    workloads = [w for name in names for w in children(kubectl, namespace, name, kinds=WORKLOADS)]
+    return all(_rolled_out(w) for w in workloads)
+
+
+def _snapshot(kubectl: kube.Kubectl, namespace: str, names: list[str]) -> dict[str, Any]:
+    """What an upgrade must not change: every child of the models less its status, the pods'
+    UIDs and ReplicaSets, and every StatefulSet's revisions and ControllerRevision in the
+    namespace (those the LeaderWorkerSets own included)."""
 
     def bare(obj: dict[str, Any]) -> dict[str, Any]:
         meta = {k: v for k, v in obj["metadata"].items() if k not in VOLATILE}
         return {**{k: v for k, v in obj.items() if k != "status"}, "metadata": meta}
 
-    def names(kinds: str) -> list[str]:
-        return sorted(
-            f"{o['kind']}/{o['metadata']['name']}/{o['metadata']['uid']}"
-            for o in children(kubectl, namespace, NAME, kinds=kinds)
-        )
+    def key(obj: dict[str, Any]) -> str:
+        return f"{obj['kind']}/{obj['metadata']['name']}"
 
-    live = children(kubectl, namespace, NAME)
+    def of_models(kinds: str) -> list[dict[str, Any]]:
+        return [o for name in names for o in children(kubectl, namespace, name, kinds=kinds)]
+
+    def in_namespace(kinds: str) -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = kubectl.json("-n", namespace, "get", kinds)["items"]
+        return items
+
     return {
-        "children": {f"{c['kind']}/{c['metadata']['name']}": bare(c) for c in live},
+        "children": {key(c): bare(c) for c in of_models(CHILD_KINDS)},
+        "pods": sorted(f"{key(o)}/{o['metadata']['uid']}" for o in of_models("pods")),
+        "replica sets": sorted(key(o) for o in of_models("replicasets.apps")),
+        "controller revisions": sorted(
+            f"{key(o)}/{o['revision']}" for o in in_namespace("controllerrevisions.apps")
+        ),
         "revisions": {
-            w["metadata"]["name"]: (
-                w["status"].get("currentRevision"),
-                w["status"].get("updateRevision"),
-            )
-            for w in children(kubectl, namespace, NAME, kinds="statefulsets.apps")
+            key(w): (w["status"].get("currentRevision"), w["status"].get("updateRevision"))
+            for w in in_namespace("statefulsets.apps")
         },
-        "controller revisions": names("controllerrevisions.apps"),
-        "replica sets": names("replicasets.apps"),
-        "pods": names("pods"),
     }
 
 
 def _non_status_writes(proxy: ApiProxy, namespace: str) -> list[Request]:
-    """The new operator's writes other than the model's status, events and its peering."""
+    """The new operator's writes other than the models' status, events and its peering."""
+    status = re.compile(rf"/namespaces/{namespace}/disaggregatedmodels/[^/]+/status$")
 
     def allowed(write: Request) -> bool:
-        status = write.path.endswith(f"/namespaces/{namespace}/disaggregatedmodels/{NAME}/status")
-        return status or is_peering(write) or "/events" in write.path
+        return bool(status.search(write.path)) or is_peering(write) or "/events" in write.path
 
     return [w for w in proxy.writes() if not allowed(w)]
 
@@ -149,14 +172,19 @@ def test_upgrade_from_the_previous_release_rolls_no_pod_and_writes_only_status(
         kubeconfig, [namespace], tmp_path / "operator-previous.log",
         *_chart_args(kubectl, namespace, release), pythonpath=pythonpath(previous),
     ).start()  # fmt: skip
+    models = _models(kubectl, namespace, previous)
+    names = [m["metadata"]["name"] for m in models]
     try:
-        kubectl.apply(small_model(NAME, namespace))
-        wait_ready(kubectl, namespace, NAME, timeout_s=240)
+        kubectl.apply(models)
+        for name in names:
+            wait_ready(kubectl, namespace, name, timeout_s=240)
     finally:
         old.assert_clean_stop()
-    kube.wait_for(lambda: _settled(kubectl, namespace), what="the workloads to roll out")
-    before = _snapshot(kubectl, namespace)
-    assert before["revisions"] and before["pods"], before
+    kube.wait_for(lambda: _settled(kubectl, namespace, names), what="the workloads to roll out")
+    before = _snapshot(kubectl, namespace, names)
+    kinds = {k.split("/")[0] for k in before["children"]}
+    assert {"StatefulSet", "LeaderWorkerSet"} <= kinds, kinds
+    assert before["pods"] and before["controller revisions"] and before["revisions"], before
 
     # The upgrade: this checkout's CRDs, chart and operator.
     apply_crds(kubectl, REPO / CHART_DIR / "crds")
@@ -168,13 +196,14 @@ def test_upgrade_from_the_previous_release_rolls_no_pod_and_writes_only_status(
         ).start()  # fmt: skip
         try:
             new.wait_log("Handler 'reconcile' succeeded", timeout_s=120)
-            wait_ready(kubectl, namespace, NAME)
+            for name in names:
+                wait_ready(kubectl, namespace, name)
             kube.wait_for(lambda: _quiet(proxy, 5), what="the operator's writes to stop")
         finally:
             new.assert_clean_stop()
         writes = _non_status_writes(proxy, namespace)
     assert not writes, "\n".join(f"{w.method} {w.path}: {w.body[:300]!r}" for w in writes)
-    after = _snapshot(kubectl, namespace)
+    after = _snapshot(kubectl, namespace, names)
     for key, was in before.items():
         assert after[key] == was, f"{key} changed by the upgrade"
     helm("uninstall", release, "-n", namespace, "--wait")
