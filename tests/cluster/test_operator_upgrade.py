@@ -82,13 +82,16 @@ def _quiet(proxy: ApiProxy, seconds: float) -> bool:
     return not [w for w in proxy.writes(since) if not is_peering(w)]
 
 
-def _models(kubectl: kube.Kubectl, namespace: str, previous: Path) -> list[dict[str, Any]]:
-    """A small model (StatefulSets) and the previous release's two-node example
-    (LeaderWorkerSets) in `namespace`, with the Secret and claim the example names."""
+def _model(kubectl: kube.Kubectl, namespace: str, previous: Path, engines: str) -> dict[str, Any]:
+    """A model in `namespace` whose engines are `engines`: a small one for StatefulSets, the
+    previous release's two-node example (with the Secret and claim it names) for
+    LeaderWorkerSets. The fake cluster's GPU nodes hold one of them at a time."""
+    if engines == "StatefulSet":
+        return small_model(NAME, namespace)
     example: dict[str, Any] = yaml.safe_load((previous / MULTI_NODE_EXAMPLE).read_text())
     example["metadata"]["namespace"] = namespace
     example_prerequisites(kubectl, namespace, example)
-    return [small_model(NAME, namespace), example]
+    return example
 
 
 def _rolled_out(workload: dict[str, Any]) -> bool:
@@ -106,14 +109,13 @@ def _rolled_out(workload: dict[str, Any]) -> bool:
     )
 
 
-def _settled(kubectl: kube.Kubectl, namespace: str, names: list[str]) -> bool:
-    """Every engine and router workload of the models rolled out."""
-    workloads = [w for name in names for w in children(kubectl, namespace, name, kinds=WORKLOADS)]
-    return all(_rolled_out(w) for w in workloads)
+def _settled(kubectl: kube.Kubectl, namespace: str, name: str) -> bool:
+    """Every engine and router workload of the model rolled out."""
+    return all(_rolled_out(w) for w in children(kubectl, namespace, name, kinds=WORKLOADS))
 
 
-def _snapshot(kubectl: kube.Kubectl, namespace: str, names: list[str]) -> dict[str, Any]:
-    """What an upgrade must not change: every child of the models less its status, the pods'
+def _snapshot(kubectl: kube.Kubectl, namespace: str, name: str) -> dict[str, Any]:
+    """What an upgrade must not change: every child of the model less its status, the pods'
     UIDs and ReplicaSets, and every StatefulSet's revisions and ControllerRevision in the
     namespace (those the LeaderWorkerSets own included)."""
 
@@ -125,7 +127,7 @@ def _snapshot(kubectl: kube.Kubectl, namespace: str, names: list[str]) -> dict[s
         return f"{obj['kind']}/{obj['metadata']['name']}"
 
     def of_models(kinds: str) -> list[dict[str, Any]]:
-        return [o for name in names for o in children(kubectl, namespace, name, kinds=kinds)]
+        return children(kubectl, namespace, name, kinds=kinds)
 
     def in_namespace(kinds: str) -> list[dict[str, Any]]:
         items: list[dict[str, Any]] = kubectl.json("-n", namespace, "get", kinds)["items"]
@@ -146,7 +148,7 @@ def _snapshot(kubectl: kube.Kubectl, namespace: str, names: list[str]) -> dict[s
 
 
 def _non_status_writes(proxy: ApiProxy, namespace: str) -> list[Request]:
-    """The new operator's writes other than the models' status, events and its peering."""
+    """The new operator's writes other than the model's status, events and its peering."""
     status = re.compile(rf"/namespaces/{namespace}/disaggregatedmodels/[^/]+/status$")
 
     def allowed(write: Request) -> bool:
@@ -155,7 +157,9 @@ def _non_status_writes(proxy: ApiProxy, namespace: str) -> list[Request]:
     return [w for w in proxy.writes() if not allowed(w)]
 
 
+@pytest.mark.parametrize("engines", ["StatefulSet", "LeaderWorkerSet"])
 def test_upgrade_from_the_previous_release_rolls_no_pod_and_writes_only_status(
+    engines: str,
     kubectl: kube.Kubectl,
     helm: kube.Tool,
     kubeconfig: Path,
@@ -172,18 +176,17 @@ def test_upgrade_from_the_previous_release_rolls_no_pod_and_writes_only_status(
         kubeconfig, [namespace], tmp_path / "operator-previous.log",
         *_chart_args(kubectl, namespace, release), pythonpath=pythonpath(previous),
     ).start()  # fmt: skip
-    models = _models(kubectl, namespace, previous)
-    names = [m["metadata"]["name"] for m in models]
+    model = _model(kubectl, namespace, previous, engines)
+    name = model["metadata"]["name"]
     try:
-        kubectl.apply(models)
-        for name in names:
-            wait_ready(kubectl, namespace, name, timeout_s=240)
+        kubectl.apply(model)
+        wait_ready(kubectl, namespace, name, timeout_s=240)
     finally:
         old.assert_clean_stop()
-    kube.wait_for(lambda: _settled(kubectl, namespace, names), what="the workloads to roll out")
-    before = _snapshot(kubectl, namespace, names)
+    kube.wait_for(lambda: _settled(kubectl, namespace, name), what="the workloads to roll out")
+    before = _snapshot(kubectl, namespace, name)
     kinds = {k.split("/")[0] for k in before["children"]}
-    assert {"StatefulSet", "LeaderWorkerSet"} <= kinds, kinds
+    assert engines in kinds, kinds
     assert before["pods"] and before["controller revisions"] and before["revisions"], before
 
     # The upgrade: this checkout's CRDs, chart and operator.
@@ -196,14 +199,13 @@ def test_upgrade_from_the_previous_release_rolls_no_pod_and_writes_only_status(
         ).start()  # fmt: skip
         try:
             new.wait_log("Handler 'reconcile' succeeded", timeout_s=120)
-            for name in names:
-                wait_ready(kubectl, namespace, name)
+            wait_ready(kubectl, namespace, name)
             kube.wait_for(lambda: _quiet(proxy, 5), what="the operator's writes to stop")
         finally:
             new.assert_clean_stop()
         writes = _non_status_writes(proxy, namespace)
     assert not writes, "\n".join(f"{w.method} {w.path}: {w.body[:300]!r}" for w in writes)
-    after = _snapshot(kubectl, namespace, names)
+    after = _snapshot(kubectl, namespace, name)
     for key, was in before.items():
         assert after[key] == was, f"{key} changed by the upgrade"
     helm("uninstall", release, "-n", namespace, "--wait")
