@@ -54,13 +54,20 @@ argument."""
 
 
 class OperatorProcess:
-    """`disagg operator` run as a subprocess against one kubeconfig."""
+    """`disagg operator` run as a subprocess against one kubeconfig; `pythonpath` runs other
+    sources of the packages (an earlier release's) ahead of the installed ones."""
 
     def __init__(
-        self, kubeconfig: Path, namespaces: Sequence[str], log_path: Path, *extra: str
+        self,
+        kubeconfig: Path,
+        namespaces: Sequence[str],
+        log_path: Path,
+        *extra: str,
+        pythonpath: Sequence[Path] = (),
     ) -> None:
         self.kubeconfig = kubeconfig
         self.log_path = log_path
+        self.pythonpath = os.pathsep.join(str(path) for path in pythonpath)
         scope = [arg for ns in namespaces for arg in ("--namespace", ns)] or ["--all-namespaces"]
         self.args = [str(DISAGG), "operator", *scope, "--retry-delay", "2", *extra]
         self.proc: subprocess.Popen[bytes] | None = None
@@ -68,6 +75,8 @@ class OperatorProcess:
     def start(self) -> OperatorProcess:
         """Start the operator and wait until kopf ran its startup activity."""
         env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), "PYTHONUNBUFFERED": "1"}
+        if self.pythonpath:
+            env["PYTHONPATH"] = self.pythonpath
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT, env=env)
         kube.wait_for(
