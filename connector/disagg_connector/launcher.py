@@ -33,17 +33,21 @@ from disagg_connector.launch_config import (
 from disagg_connector.vllm_facts import kv_transfer_config_keys, vllm_package_dir
 from disagg_connector.vllm_options import managed_option, server_parser
 from disagg_connector.vllm_version import installed_vllm_version
+from disagg_connector.weights import WeightsUnavailable, check_source
 from disagg_contract import (
     EXTRA_ARGS_MARKER,
     KV_TRANSFER_CONFIG_FLAG,
     MANAGED_VLLM_FLAGS,
     POD_IP_ENV,
+    TERMINATION_MESSAGE_PATH,
     Role,
 )
 
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 CLI_MODULE = "vllm.entrypoints.cli.main"
 """vLLM's ``vllm`` command, whose ``serve --headless`` runs a multi-node server's worker ranks."""
+WEIGHTS_EXIT_CODE = 3
+"""The exit status of a server whose weights' source cannot be read (2: a config it refuses)."""
 LEADER_ATTEMPTS = 150
 LEADER_RETRY_S = 2.0
 """A rank resolves its group leader's address this many times, this far apart, before giving up:
@@ -194,11 +198,19 @@ def prepare(
     return command, serving_env(os.environ, config)
 
 
+def write_termination_message(path: Path, message: str) -> None:
+    """Leave `message` where the kubelet reads the container's termination message: the file
+    the kubelet mounts into every container; outside one it is absent and nothing is written."""
+    if path.exists():
+        path.write_text(message)
+
+
 def serve(
     role: Role, config_path: Path, vllm_args: Sequence[str], rank: GroupRank | None = None
 ) -> int:
     """Exec the vLLM server (one rank of a multi-node server's group, with ``rank``); return 2
-    with a message when the config cannot be served."""
+    with a message when the config cannot be served, 3 with a termination message naming the
+    field to fix when the weights' source cannot be read (:mod:`weights`)."""
     try:
         engine_id = rank_engine_id(rank, os.environ) if rank is not None else None
         headless = rank is not None and rank.headless_worker
@@ -206,6 +218,12 @@ def serve(
     except LaunchConfigError as exc:
         print(f"disagg serve: {exc}", file=sys.stderr)
         return 2
+    try:
+        check_source(split_vllm_args(vllm_args)[0], os.environ)
+    except WeightsUnavailable as exc:
+        print(f"disagg serve: {exc.termination_message}", file=sys.stderr)
+        write_termination_message(Path(TERMINATION_MESSAGE_PATH), exc.termination_message)
+        return WEIGHTS_EXIT_CODE
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(command[0], command, env)

@@ -348,6 +348,41 @@ ENGINE_KEY_FILE_ENV = "DISAGG_ENGINE_KEY_FILE"
 REDIS_PREFIX_ENV = "DISAGG_REDIS_PREFIX"
 """The router's Redis key prefix, one per model so that models sharing a Redis never meet."""
 
+# --- Model weights from a source (spec.model.source) -----------------------------------------
+MODEL_SOURCE_FIELD = "spec.model.source"
+"""The spec field naming where the weights come from; the launcher's refusals name it."""
+S3_ENDPOINT_FIELD = "spec.model.s3.endpoint"
+"""The spec field of an S3-compatible server's endpoint."""
+S3_CREDENTIALS_FIELD = "spec.model.s3.credentialsSecret"
+"""The spec field of the Secret holding an S3 access key."""
+SERVICE_ACCOUNT_FIELD = "spec.<role>.serviceAccountName"
+"""Where S3 credentials come from without a Secret: the pods' ServiceAccount (IRSA, Pod
+Identity)."""
+WEIGHTS_UNAVAILABLE = "WeightsUnavailable"
+"""The first word of the termination message a server writes when it cannot read its weights'
+source (``WeightsUnavailable: <field>: <what and the fix>``), and the reason of the model's
+condition the operator builds from it."""
+TERMINATION_MESSAGE_PATH = "/dev/termination-log"
+"""Where a container's termination message goes (the kubelet's default path)."""
+S3_SCHEME = "s3://"
+"""The scheme of an S3 source, as spec.model.source and vLLM's --model write it."""
+SOURCE_MOUNT_PATH = "/model-source"
+"""Where a pvc:// source's claim is mounted in the serving pods, read-only; vLLM's ``--model``
+is the source's folder below it."""
+RUNAI_LOAD_FORMAT = "runai_streamer"
+"""vLLM's ``--load-format`` that streams safetensors from object storage (Run:ai streamer)."""
+AWS_ENDPOINT_URL_ENV = "AWS_ENDPOINT_URL"
+"""The S3 endpoint every AWS SDK (boto3, the Run:ai streamer's C++ one) reads."""
+AWS_REGION_ENV = "AWS_REGION"
+AWS_DEFAULT_REGION_ENV = "AWS_DEFAULT_REGION"
+"""The region: the C++ SDK reads the first, boto3 the second."""
+AWS_ACCESS_KEY_ID_ENV = "AWS_ACCESS_KEY_ID"
+AWS_SECRET_ACCESS_KEY_ENV = "AWS_SECRET_ACCESS_KEY"
+"""An S3 access key, from spec.model.s3.credentialsSecret."""
+S3_VIRTUAL_ADDRESSING_ENV = "RUNAI_STREAMER_S3_USE_VIRTUAL_ADDRESSING"
+"""``0``: the Run:ai streamer puts the bucket in the path (an S3-compatible server's
+endpoint), not in the host name."""
+
 # --- Files the operator mounts -----------------------------------------------------------------
 OFFER_KEY_DIR = "/etc/disagg/offer-key"
 """Where prefill and decode find the model's offer-signing Secret (data key SECRET_KEY_NAME)."""

@@ -197,12 +197,13 @@ def install_operator(
     images: dict[str, str],
     node_env: dict[str, str],
     pods_report: Callable[[str], str],
-) -> Callable[[str, str], None]:
-    """`install(release, namespace)`: helm installs the operator chart into `namespace`,
-    watching only it, with the operator image built here, its pod on the real node; waits for
-    the pod to be Ready and fails with the namespace's pods and logs when it is not."""
+) -> Callable[..., None]:
+    """`install(release, namespace, *values)`: helm installs the operator chart into
+    `namespace`, watching only it, with the operator image built here, its pod on the real
+    node, and the extra `KEY=VALUE` values; waits for the pod to be Ready and fails with the
+    namespace's pods and logs when it is not."""
 
-    def install(release: str, namespace: str) -> None:
+    def install(release: str, namespace: str, *extra: str) -> None:
         repository, tag = images["OPERATOR_IMAGE"].rsplit(":", 1)
         values = [
             f"image.repository={repository}",
@@ -212,6 +213,7 @@ def install_operator(
             "nodeSelector.type=real",
             f"tolerations[0].key={node_env['NODE_TAINT'].split('=', 1)[0]}",
             "tolerations[0].operator=Exists",
+            *extra,
         ]
         sets = [arg for value in values for arg in ("--set", value)]
         try:

@@ -15,8 +15,8 @@ import ipaddress
 import itertools
 import json
 import math
+import os
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -28,10 +28,19 @@ from typing import Any
 import httpx
 import pytest
 import yaml
+from demo_model import (
+    ANSWER_TOKENS,
+    MODEL,
+    READY_TIMEOUT_S,
+    REPO,
+    TURN_TIMEOUT_S,
+    demo_model,
+    reused_tokens,
+)
 
 import kube
 from disagg.bench import prometheus
-from disagg.bench.client import REUSED_TOKENS, ChatClient
+from disagg.bench.client import ChatClient
 from disagg_contract import ENGINE_PORT, EXTRA_DECODER_TTL
 from disagg_operator.engine_metrics import REQUESTS_RUNNING, SIGNALS
 from disagg_operator.kubeapi import FIELD_MANAGER
@@ -43,14 +52,11 @@ from metrics_pipeline import (
     replica_owners,
     spec_replicas,
 )
+from stock_prometheus import SELECTOR as STOCK_SELECTOR
+from stock_prometheus import install_crds, stock_prometheus
 
-REPO = Path(__file__).resolve().parents[2]
-EXAMPLE = REPO / "examples" / "demo-cpu.yaml"
-MODEL = "demo-cpu"
-READY_TIMEOUT_S = 1200
-"""vLLM's CPU build starts in a few minutes on 2 shared cores; a first start also compiles."""
-ANSWER_TOKENS = 8
-TURN_TIMEOUT_S = 300
+STOCK_SCRAPE_INTERVAL = "2s"
+"""The PodMonitors' and the ServiceMonitor's scrape interval: a few turns make series."""
 
 
 @dataclass
@@ -103,18 +109,27 @@ def _watch(kubectl: kube.Kubectl, namespace: str, readiness: Readiness) -> None:
         readiness.samples.append((_model_ready(kubectl, namespace), pods_ready))
 
 
+IDLE_TIMEOUT_S = 480
+"""The router's idle timeout for the e2e model: the decoder TTL. The demo binds every decode pod to
+one core, so while a test runs two decode pods, one streaming a long answer starves the other's
+steps (a minute without one was seen); the turns the test sends meanwhile to some conversations
+(a drain's moved turns) can keep the others idle past the default 120 s, and the router would then
+rightly release their retained KV before the turn that checks they read it back."""
+
+
 def _model_manifest(images: dict[str, str], namespace: str) -> str:
-    return subprocess.run(
-        [
-            sys.executable, str(REPO / "demo" / "model.py"), str(EXAMPLE),
-            "--serving-image", images["SERVING_IMAGE"], "--router-image", images["ROUTER_IMAGE"],
-            "--namespace", namespace,
-        ],
-        check=True,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    ).stdout  # fmt: skip
+    """The demo model on the images built here, its PodMonitors on for the stock Prometheus, its
+    conversations kept while idle for the decoder TTL (IDLE_TIMEOUT_S)."""
+    model = demo_model(images, namespace)
+    ttl = model["spec"]["kvTransfer"]["decoderKvBlocksTtlSeconds"]
+    assert ttl >= IDLE_TIMEOUT_S, f"the demo's decoder TTL {ttl} s is below {IDLE_TIMEOUT_S} s"
+    model["spec"]["kvTransfer"]["idleTimeoutSeconds"] = IDLE_TIMEOUT_S
+    model["spec"]["monitoring"] = {
+        "podMonitors": True,
+        "interval": STOCK_SCRAPE_INTERVAL,
+        "labels": STOCK_SELECTOR,
+    }
+    return yaml.safe_dump(model)
 
 
 @pytest.fixture(scope="module")
@@ -122,17 +137,26 @@ def served(
     kubectl: kube.Kubectl,
     helm: kube.Tool,
     images: dict[str, str],
-    install_operator: Callable[[str, str], None],
+    install_operator: Callable[..., None],
     pods_report: Callable[[str], str],
     heavy_lock: None,
 ) -> Iterator[Served]:
-    """The operator chart and the demo model in a namespace of their own, the model Ready."""
+    """The operator chart (its ServiceMonitor on) and the demo model (its PodMonitors on) in a
+    namespace of their own, the model Ready. The Prometheus Operator's CRDs are installed
+    first: the operator finds the kinds it applies when it starts."""
     namespace = kube.namespace_name("engine-pods")
     kubectl("create", "namespace", namespace)
     readiness = Readiness()
     watcher = threading.Thread(target=_watch, args=(kubectl, namespace, readiness), daemon=True)
     try:
-        install_operator("engines", namespace)
+        install_crds(kubectl)
+        install_operator(
+            "engines",
+            namespace,
+            "metrics.serviceMonitor.enabled=true",
+            f"metrics.serviceMonitor.interval={STOCK_SCRAPE_INTERVAL}",
+            *(f"metrics.serviceMonitor.labels.{k}={v}" for k, v in STOCK_SELECTOR.items()),
+        )
         kubectl("-n", namespace, "apply", "-f", "-", input=_model_manifest(images, namespace))
         watcher.start()
         try:
@@ -168,11 +192,6 @@ def _answers(url: str) -> bool:
         return httpx.get(url, timeout=5).status_code == 200
     except httpx.HTTPError:
         return False
-
-
-def _reused(prefill: str) -> float:
-    text = httpx.get(f"{prefill}/metrics", timeout=10).text
-    return prometheus.total(prometheus.parse(text), REUSED_TOKENS)
 
 
 def _conversation(turn: int) -> list[dict[str, str]]:
@@ -218,14 +237,71 @@ def test_turn_two_reads_decodes_kv_back_and_answers_as_a_recomputed_turn(
     client = ChatClient(served.router, timeout_s=TURN_TIMEOUT_S)
     try:
         model = client.model()
-        before = _reused(served.prefill)
+        before = reused_tokens(served.prefill)
         on = _turns(client, model, "e2e-reuse")
-        reused = _reused(served.prefill) - before
+        reused = reused_tokens(served.prefill) - before
         off = _turns(client, model, None)
     finally:
         client.close()
     assert reused > 0, "turn 2 read no KV back from decode (prefill's reused-token counter)"
     assert on == off, f"with reuse {on!r}, recomputed {off!r}"
+
+
+def test_a_stock_prometheus_scrapes_the_engines_the_router_and_the_operator(
+    served: Served, kubectl: kube.Kubectl, kubeconfig: Path
+) -> None:
+    """kube-prometheus-stack as it comes (the real Prometheus Operator; a Prometheus object
+    selecting PodMonitors and ServiceMonitors labelled `release: kube-prometheus-stack`, in
+    every namespace) picks up the model's PodMonitors (`spec.monitoring.labels`) and the
+    operator chart's ServiceMonitor (`metrics.serviceMonitor.labels`): after a conversation,
+    the engines', the router's and the operator's series arrive, each with the labels the
+    dashboard selects by."""
+    namespace = served.namespace
+    (service_monitor,) = kubectl.json("-n", namespace, "get", "servicemonitor")["items"]
+    operator_name = service_monitor["metadata"]["name"]
+    monitors = {f"podMonitor/{namespace}/{MODEL}-{c}/0": c for c in ("prefill", "decode", "router")}
+    operator_job = f"serviceMonitor/{namespace}/{operator_name}/0"
+    with stock_prometheus(kubectl, kubeconfig, namespace, {*monitors, operator_job}) as stock:
+        client = ChatClient(served.router, timeout_s=TURN_TIMEOUT_S)
+        for conversation in range(2):
+            _turns(client, client.model(), f"stock-{conversation}")
+        per_component = {
+            "prefill": 'vllm:prompt_tokens_total{app_kubernetes_io_component="prefill"}',
+            "decode": 'vllm:prompt_tokens_total{app_kubernetes_io_component="decode"}',
+            "router": 'disagg_router_requests_total{app_kubernetes_io_component="router"}',
+        }
+        for component, series in per_component.items():
+            selector = f'namespace="{namespace}",app_kubernetes_io_instance="{MODEL}"'
+            query = f"sum({series.replace('{', '{' + selector + ',')})"
+            kube.wait_for(
+                lambda q=query: (stock.value(q) or 0) > 0,
+                what=f"the {component}'s series in the stock Prometheus ({query})",
+                timeout_s=60,
+            )
+        operator = f'disagg_operator_models{{namespace="{namespace}",ready="true"}}'
+        kube.wait_for(
+            lambda: stock.value(operator) == 1,
+            what=f"the operator's series in the stock Prometheus ({operator})",
+            timeout_s=60,
+        )
+        up = {t["labels"]["job"]: t["health"] for t in stock.active_targets()}
+        assert up == {
+            **{f"{namespace}/{MODEL}-{c}": "up" for c in monitors.values()},
+            f"{operator_name}-metrics": "up",
+        }, up
+
+
+def _render_dashboard(prometheus_url: str) -> None:
+    """The chart's dashboard over `prometheus_url` (`make dashboard-screenshot`), into
+    $DISAGG_DASHBOARD_PNG when set: the figure in docs/observability.md, made from this run."""
+    out = os.environ.get("DISAGG_DASHBOARD_PNG")
+    if out:
+        subprocess.run(
+            ["bash", str(REPO / "tests" / "cluster" / "metrics" / "dashboard-screenshot.sh"),
+             prometheus_url, out],
+            check=True,
+            timeout=600,
+        )  # fmt: skip
 
 
 def test_a_deleted_decode_pod_comes_back_and_the_next_turn_recomputes(
@@ -256,7 +332,7 @@ def test_a_deleted_decode_pod_comes_back_and_the_next_turn_recomputes(
             )
         except TimeoutError as timeout:
             pytest.fail(f"{timeout}\n{pods_report(namespace)}", pytrace=False)
-        before = _reused(served.prefill)
+        before = reused_tokens(served.prefill)
         follow_up = [
             *messages,
             {"role": "assistant", "content": first.text},
@@ -267,7 +343,7 @@ def test_a_deleted_decode_pod_comes_back_and_the_next_turn_recomputes(
         recomputed = client.turn(model, follow_up, ANSWER_TOKENS, None)
     finally:
         client.close()
-    assert _reused(served.prefill) == before, "read KV back from a decode pod that is gone"
+    assert reused_tokens(served.prefill) == before, "read KV back from a decode pod that is gone"
     assert second.text == recomputed.text
     assert time.monotonic() - started < 2 * TURN_TIMEOUT_S
 
@@ -500,9 +576,9 @@ def test_a_connector_config_change_rolls_the_engine_pods_and_reuse_goes_on(
     client = ChatClient(served.router, timeout_s=TURN_TIMEOUT_S)
     try:
         model = client.model()
-        reused_before = _reused(prefill)
+        reused_before = reused_tokens(prefill)
         on = _turns(client, model, "e2e-after-roll")
-        reused = _reused(prefill) - reused_before
+        reused = reused_tokens(prefill) - reused_before
         off = _turns(client, model, None)
     finally:
         client.close()
@@ -580,7 +656,7 @@ def _served_by(before: dict[str, float]) -> str:
 def _read_back(prefill: str, before: float) -> float:
     """Tokens prefill read back from decode since `before`, waited for a while when none yet."""
     deadline = time.monotonic() + STATS_LAG_S
-    while (read := _reused(prefill) - before) == 0 and time.monotonic() < deadline:
+    while (read := reused_tokens(prefill) - before) == 0 and time.monotonic() < deadline:
         time.sleep(0.2)
     return read
 
@@ -734,7 +810,7 @@ def test_decode_scaled_from_two_to_one_mid_conversation_moves_the_leaving_pods_c
         # least busy decode, ties taken in turn, so half of them land on decode-1.
         holder = _holders(chats, client, model, [leaving, staying], _opening)
         for chat in chats:
-            before, reused = _successes([leaving, staying]), _reused(prefill)
+            before, reused = _successes([leaving, staying]), reused_tokens(prefill)
             chat.ask(client, model, "And item 4?")
             assert _served_by(before) == holder[chat.conversation_id], "turn 2 changed decode"
             assert _read_back(prefill, reused) > 0, f"{chat.conversation_id}: no read back"
@@ -749,7 +825,7 @@ def test_decode_scaled_from_two_to_one_mid_conversation_moves_the_leaving_pods_c
         )
         (stream_chat,) = [c for c in starts if landed[c.conversation_id] == leaving]
         stream = _Stream(stream_chat, router, model)
-        reused = _reused(prefill)
+        reused = reused_tokens(prefill)
         stream.start_generating(leaving, "decode-1 left")
         assert _read_back(prefill, reused) > 0, "the streamed turn read nothing back"
         with _following_logs(kubectl, namespace, leaving_pod, tmp_path / "decode-1.log") as log:
@@ -764,11 +840,11 @@ def test_decode_scaled_from_two_to_one_mid_conversation_moves_the_leaving_pods_c
             # The next turn of each conversation that was on decode-1, one at a time while
             # decode-1 drains: it recomputes on decode-0 (prefill reads nothing back).
             recomputed: dict[str, float] = {}
-            unread = _reused(prefill)
+            unread = reused_tokens(prefill)
             for chat in moved:
-                reused = _reused(prefill)
+                reused = reused_tokens(prefill)
                 chat.ask(client, model, "And item 5?")
-                recomputed[chat.conversation_id] = _reused(prefill) - reused
+                recomputed[chat.conversation_id] = reused_tokens(prefill) - reused
             moves_took = time.monotonic() - draining
             stream.join(TURN_TIMEOUT_S)
             assert stream.ended is not None, f"the stream on decode-1 broke off: {stream.failure}"
@@ -781,7 +857,7 @@ def test_decode_scaled_from_two_to_one_mid_conversation_moves_the_leaving_pods_c
         shutdown = log.read_text(errors="replace")
         assert SHUTDOWN_RELEASE in shutdown, shutdown[-3000:]
         # The wait for decode-1 to go gave a late count the time to show.
-        assert _reused(prefill) == unread, f"read back from a leaving decode: {recomputed}"
+        assert reused_tokens(prefill) == unread, f"read back from a leaving decode: {recomputed}"
         moves = _moves(router)
         assert moves - moves_before == len(moved), (
             f"{moves - moves_before:g} turns moved off decode-1 for {len(moved)} "
@@ -792,7 +868,7 @@ def test_decode_scaled_from_two_to_one_mid_conversation_moves_the_leaving_pods_c
         # The others keep reading back from decode-0; the moved ones read back again.
         reads: dict[str, float] = {}
         for chat in [*kept, *moved]:
-            reused = _reused(prefill)
+            reused = reused_tokens(prefill)
             chat.ask(client, model, "And item 6?")
             reads[chat.conversation_id] = _read_back(prefill, reused)
         assert all(reads.values()), f"tokens read back on the turn after: {reads}"
@@ -1091,6 +1167,7 @@ def test_each_role_scales_on_its_own_signal_through_the_real_metrics_pipeline_an
                 what="Prometheus's reuse hit ratio of the router pod equal to the router's own",
                 timeout_s=60,
             )
+            _render_dashboard(pipeline.prometheus_url)
     finally:
         client.close()
     assert not prefill_load.failures and not decode_load.failures, (
