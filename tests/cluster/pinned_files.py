@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import yaml
 
 
 @dataclass(frozen=True)
@@ -55,17 +56,43 @@ KARPENTER = PinnedModule(
 """Karpenter's AWS provider: the CRDs its Helm chart installs (NodePool and NodeClaim with the
 provider's rules, EC2NodeClass)."""
 
+
+def gomod_version(module: str, go_mod: Path) -> str:
+    """The version of `module` that the go.mod file `go_mod` requires."""
+    for line in go_mod.read_text().splitlines():
+        words = line.split()
+        if module in words:
+            return words[words.index(module) + 1]
+    raise ValueError(f"{go_mod} requires no {module}")
+
+
+PROMETHEUS_OPERATOR_MODULE = "github.com/prometheus-operator/prometheus-operator"
+PROMETHEUS_OPERATOR_CRDS = "example/prometheus-operator-crd"
 PROMETHEUS_OPERATOR = PinnedModule(
-    "github.com/prometheus-operator/prometheus-operator",
-    "v0.90.1",
-    (
-        "example/prometheus-operator-crd/monitoring.coreos.com_servicemonitors.yaml",
-        "example/prometheus-operator-crd/monitoring.coreos.com_podmonitors.yaml",
-        "example/prometheus-operator-crd/monitoring.coreos.com_prometheusrules.yaml",
+    PROMETHEUS_OPERATOR_MODULE,
+    gomod_version(
+        PROMETHEUS_OPERATOR_MODULE,
+        Path(__file__).resolve().parent / "go" / "prometheus-operator" / "go.mod",
+    ),
+    tuple(
+        f"{PROMETHEUS_OPERATOR_CRDS}/monitoring.coreos.com_{kind}.yaml"
+        for kind in (
+            "alertmanagerconfigs",
+            "alertmanagers",
+            "podmonitors",
+            "probes",
+            "prometheusagents",
+            "prometheuses",
+            "prometheusrules",
+            "scrapeconfigs",
+            "servicemonitors",
+            "thanosrulers",
+        )
     ),
 )
-"""The Prometheus Operator (what kube-prometheus-stack runs): the CRDs of the objects the
-operator chart and the models render."""
+"""The Prometheus Operator (what kube-prometheus-stack runs), at the version whose operator
+binary the stock-Prometheus test builds (../go/prometheus-operator): all the CRDs its chart
+installs, the objects the operator chart and the models render among them."""
 
 
 GATEWAY_API_STANDARD = "config/crd/standard"
@@ -132,3 +159,11 @@ def pinned_files(module: PinnedModule) -> dict[str, Path]:
     shutil.rmtree(module.cache_dir, ignore_errors=True)
     staging.rename(module.cache_dir)
     return cached
+
+
+def crd_name(path: Path) -> str:
+    """The name of the CustomResourceDefinition in `path`. Read with YAML's base loader, which
+    keeps every scalar a string: the Prometheus Operator's CRDs hold `=` as an enum value, a
+    YAML 1.1 "value" tag the safe loader refuses."""
+    name: str = yaml.load(path.read_text(), Loader=yaml.BaseLoader)["metadata"]["name"]
+    return name

@@ -24,7 +24,7 @@ import pytest
 import yaml
 
 import kube
-from pinned_files import EKSCTL, KARPENTER, PROMETHEUS_OPERATOR, pinned_files
+from pinned_files import EKSCTL, KARPENTER, PROMETHEUS_OPERATOR, crd_name, pinned_files
 
 REPO = Path(__file__).resolve().parents[2]
 GUIDE = REPO / "docs" / "eks.md"
@@ -43,17 +43,12 @@ def _docs(path: Path) -> list[dict[str, Any]]:
     return [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
 
 
-def _crd_name(path: Path) -> str:
-    name: str = yaml.safe_load(path.read_text())["metadata"]["name"]
-    return name
-
-
 @pytest.fixture(scope="module")
 def crds(kubectl: kube.Kubectl) -> Iterator[None]:
     """The project's CRDs and the third-party ones the manifests use, Established; the
     third-party CRDs this fixture added are removed afterwards."""
     third_party = [path for m in THIRD_PARTY_CRDS for path in pinned_files(m).values()]
-    names = [_crd_name(path) for path in third_party]
+    names = [crd_name(path) for path in third_party]
     present = set(kubectl("get", "crd", "-o", "name").split())
     added = [
         name

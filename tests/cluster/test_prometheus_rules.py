@@ -2,9 +2,11 @@
 (tests/cluster/metrics/build-metrics.sh): promtool checks the chart's alerting rules as its
 PrometheusRule carries them and runs their unit tests, checks the scrape config for clusters
 without the Prometheus Operator (deploy/prometheus/prometheus.yml) and runs its relabeling and
-the rendered PodMonitors' over the same pods of the local cluster (one-shot service discovery:
-no Prometheus server runs); prometheus-adapter starts and loads its rules
-(deploy/prometheus-adapter/rules.yaml) without serving."""
+that of the jobs the real Prometheus Operator generates from the rendered PodMonitors, for a
+stock (kube-prometheus-stack) Prometheus object that selects them by label, over the same pods
+of the local cluster (one-shot service discovery: no Prometheus server runs);
+prometheus-adapter starts and loads its rules (deploy/prometheus-adapter/rules.yaml) without
+serving."""
 
 from __future__ import annotations
 
@@ -30,6 +32,7 @@ from disagg_operator.render import render
 from dmodel_samples import EXAMPLES, load_example
 from metrics_pipeline import built_metrics_bin
 from operator_fixtures import REPO, small_model
+from stock_prometheus import SELECTOR, install_crds, job_names, operator_config
 
 CHART = REPO / "charts" / "disagg-operator"
 RULES = CHART / "files" / "prometheus" / "disagg-rules.yaml"
@@ -106,61 +109,6 @@ def test_the_scrape_config_passes_promtool_check(metrics_bin: Path) -> None:
     assert [job["job_name"] for job in config["scrape_configs"]] == [SCRAPE_JOB]
 
 
-def _sanitized(label: str) -> str:
-    """A Kubernetes label name as Prometheus meta labels spell it."""
-    return re.sub(r"[^a-zA-Z0-9_]", "_", label)
-
-
-def _pod_monitor_job(monitor: dict[str, Any], sd: dict[str, Any]) -> dict[str, Any]:
-    """The scrape job the Prometheus Operator generates for one PodMonitor (its
-    pkg/prometheus/promcfg.go generatePodMonitorConfig: one shard, no scrape class): the pods of
-    the monitor's namespace, running, with every selector label, the endpoint's port."""
-    namespace, name = monitor["metadata"]["namespace"], monitor["metadata"]["name"]
-    spec = monitor["spec"]
-    (endpoint,) = spec["podMetricsEndpoints"]
-    relabel: list[dict[str, Any]] = [
-        {"source_labels": ["job"], "target_label": "__tmp_prometheus_job_name"},
-        {"source_labels": ["__meta_kubernetes_pod_phase"], "regex": "(Failed|Succeeded)",
-         "action": "drop"},
-    ]  # fmt: skip
-    for key, value in sorted(spec["selector"]["matchLabels"].items()):
-        label = _sanitized(key)
-        relabel.append(
-            {
-                "action": "keep",
-                "source_labels": [
-                    f"__meta_kubernetes_pod_label_{label}",
-                    f"__meta_kubernetes_pod_labelpresent_{label}",
-                ],
-                "regex": f"({value});true",
-            }
-        )
-    relabel += [
-        {"action": "keep", "source_labels": ["__meta_kubernetes_pod_container_port_name"],
-         "regex": endpoint["port"]},
-        {"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"},
-        {"source_labels": ["__meta_kubernetes_pod_container_name"], "target_label": "container"},
-        {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
-    ]  # fmt: skip
-    relabel += [
-        {"source_labels": [f"__meta_kubernetes_pod_label_{_sanitized(label)}"],
-         "target_label": _sanitized(label), "regex": "(.+)", "replacement": "${1}"}
-        for label in spec["podTargetLabels"]
-    ]  # fmt: skip
-    relabel += [
-        {"target_label": "job", "replacement": f"{namespace}/{name}"},
-        {"target_label": "endpoint", "replacement": endpoint["port"]},
-    ]
-    return {
-        "job_name": f"podMonitor/{namespace}/{name}/0",
-        "honor_labels": False,
-        "kubernetes_sd_configs": [{**sd, "namespaces": {"names": [namespace]}}],
-        "scrape_interval": endpoint["interval"],
-        "metrics_path": endpoint["path"],
-        "relabel_configs": relabel,
-    }
-
-
 def _stand_in_pods(manifests: list[dict[str, Any]], node: str) -> list[dict[str, Any]]:
     """Pods as the workload controllers would make them from the rendered workloads, bound to
     a fake node (stand-ins for the StatefulSet, Deployment and LeaderWorkerSet controllers: the
@@ -219,14 +167,16 @@ def _key(labels: dict[str, str]) -> tuple[tuple[str, str], ...]:
 
 @pytest.fixture
 def monitored_models(kubectl: kube.Kubectl, namespace: str) -> Iterator[list[dict[str, Any]]]:
-    """Two models with PodMonitors on, rendered by the operator's builders: a small one
-    (StatefulSets) and the two-node example (LeaderWorkerSets), their stand-in pods running on a
-    fake node, and a pod of another app with the same component labels and port. Yields the
+    """Two models with PodMonitors on, labelled for the stock Prometheus, rendered by the
+    operator's builders: a small one (StatefulSets) and the two-node example (LeaderWorkerSets),
+    their PodMonitors applied, their stand-in pods running on a fake node, and a pod of another
+    app with the same component labels and port; plus a PodMonitor without the label. Yields the
     rendered manifests."""
-    small = small_model("small", namespace, monitoring={"podMonitors": True})
+    monitoring = {"podMonitors": True, "labels": SELECTOR}
+    small = small_model("small", namespace, monitoring=monitoring)
     (two_node_path,) = (e for e in EXAMPLES if "2node" in e.name)
     two_node = load_example(two_node_path)
-    two_node["spec"]["monitoring"] = {"podMonitors": True}
+    two_node["spec"]["monitoring"] = monitoring
     manifests = [
         m
         for name, cr in (("small", small), ("twonode", two_node))
@@ -238,7 +188,12 @@ def monitored_models(kubectl: kube.Kubectl, namespace: str) -> Iterator[list[dic
     other = copy.deepcopy(router)
     other["metadata"]["name"] = "other-app-0"
     other["metadata"]["labels"]["app.kubernetes.io/name"] = "other"
-    kubectl.apply([*pods, other], "-n", namespace)
+    monitors = [m for m in manifests if m["kind"] == "PodMonitor"]
+    unselected = copy.deepcopy(monitors[0])
+    unselected["metadata"]["name"] = "unselected"
+    unselected["metadata"]["labels"] = {}
+    install_crds(kubectl)
+    kubectl.apply([*pods, other, *monitors, unselected], "-n", namespace)
     kube.wait_for(
         lambda: all(
             p.get("status", {}).get("podIP")
@@ -252,18 +207,24 @@ def monitored_models(kubectl: kube.Kubectl, namespace: str) -> Iterator[list[dic
 def test_the_scrape_config_selects_what_the_pod_monitors_select(
     metrics_bin: Path,
     kubeconfig: Path,
+    kubectl: kube.Kubectl,
     namespace: str,
     monitored_models: list[dict[str, Any]],
     tmp_path: Path,
 ) -> None:
-    sd = {"role": "pod", "kubeconfig_file": str(kubeconfig)}
+    """The scrape config's job and the jobs the real Prometheus Operator generates for the
+    PodMonitors a stock Prometheus selects keep the same targets with the same labels."""
+    monitors = [m for m in monitored_models if m["kind"] == "PodMonitor"]
+    assert len(monitors) == 6
+    jobs = {f"podMonitor/{namespace}/{m['metadata']['name']}/0" for m in monitors}
+    with operator_config(kubectl, kubeconfig, namespace, jobs) as generated:
+        assert job_names(generated) == jobs, "the unlabelled PodMonitor was selected"
     config = yaml.safe_load(SCRAPE_CONFIG.read_text())
     (job,) = config["scrape_configs"]
     assert job["kubernetes_sd_configs"] == [{"role": "pod"}]
-    job["kubernetes_sd_configs"] = [{**sd, "namespaces": {"names": [namespace]}}]
-    monitors = [m for m in monitored_models if m["kind"] == "PodMonitor"]
-    assert len(monitors) == 6
-    config["scrape_configs"] += [_pod_monitor_job(m, sd) for m in monitors]
+    sd = {"role": "pod", "kubeconfig_file": str(kubeconfig), "namespaces": {"names": [namespace]}}
+    job["kubernetes_sd_configs"] = [sd]
+    config["scrape_configs"] += generated["scrape_configs"]
     config.pop("rule_files")
     path = tmp_path / "prometheus.yml"
     path.write_text(yaml.safe_dump(config))
@@ -271,8 +232,7 @@ def test_the_scrape_config_selects_what_the_pod_monitors_select(
 
     ours = sorted(map(_key, _targets(promtool, path, SCRAPE_JOB)))
     theirs = sorted(
-        _key(labels) for j in config["scrape_configs"][1:] for labels in _targets(
-            promtool, path, j["job_name"])
+        _key(labels) for j in sorted(jobs) for labels in _targets(promtool, path, j)
     )  # fmt: skip
     only = {"scrape config": set(ours) - set(theirs), "PodMonitors": set(theirs) - set(ours)}
     assert ours == theirs, f"targets kept by one side only: {only}"
