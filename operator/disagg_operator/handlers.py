@@ -8,7 +8,8 @@
   kopf's `examples/16-indexing`, each index is named after its function and handlers take the
   ones they read as named arguments (kopf's handler protocols list only kopf's own arguments,
   hence the `type: ignore[arg-type]` where such a handler is registered, as in the example).
-- Child and pod events (drift, deletions by hand, rollout progress) re-run the same reconcile.
+- Child and pod events (drift, deletions by hand, rollout progress) re-run the same reconcile,
+  and so does the pass that writes a status the reconciler held back (`_checker`).
 - One background task started at startup (not a kopf timer, which would put a finalizer on
   every model) reads the routers' reuse summaries of every model in the index at an interval
   and has the reconciler write `status.reuse` when it changed (:mod:`disagg_operator.reuse`).
@@ -32,7 +33,7 @@ from disagg_operator.models import GROUP, PLURAL, VERSION
 from disagg_operator.names import COMPONENT_LABEL, LABEL_PREFIX, MANAGED_BY
 from disagg_operator.options import OperatorOptions
 from disagg_operator.peering import PeeringMissing, ensure_peering
-from disagg_operator.reconcile import Live, Outcome, Reconciler
+from disagg_operator.reconcile import PROGRESS_INTERVAL_S, Again, Live, Outcome, Reconciler
 from disagg_operator.resources import CHILD_RESOURCES, PODS
 from disagg_operator.reuse import (
     Model,
@@ -80,7 +81,7 @@ async def startup(
         ensure_peering(api, options)
     except PeeringMissing as exc:
         raise kopf.PermanentError(str(exc)) from None
-    reconciler = memo.reconciler = Reconciler(api, metrics)
+    reconciler = memo.reconciler = Reconciler(api, metrics, progress_interval_s=PROGRESS_INTERVAL_S)
     memo.reuse_task = None
     if options.reuse_interval_s > 0:
         urls: UrlSource = template_urls(options.reuse_url) if options.reuse_url else pod_urls
@@ -93,12 +94,15 @@ async def startup(
 
 @kopf.on.cleanup()
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
-    """Stop reading reuse summaries."""
+    """Stop reading reuse summaries, cancel the passes pending and start no more."""
     task: asyncio.Task[None] | None = memo.get("reuse_task")
     if task is not None:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+    reconciler: Reconciler | None = memo.get("reconciler")
+    if reconciler is not None:
+        reconciler.close()
 
 
 def _models(models_index: Snapshots, pods_index: PodStates) -> list[tuple[Model, list[PodState]]]:
@@ -152,6 +156,31 @@ def _live(owner_key: OwnerKey, children_index: Snapshots, pods_index: PodStates)
     return Live(children=children, pods=sorted(pods_index.get(owner_key, []), key=str))
 
 
+def _checker(
+    reconciler: Reconciler,
+    owner: Mapping[str, Any],
+    models_index: Snapshots,
+    children_index: Snapshots,
+    pods_index: PodStates,
+) -> Again:
+    """A pass of `owner` soon, on the indexes as they are then, posting its Events."""
+    meta = owner["metadata"]
+    owner_key, uid = (meta["namespace"], meta["name"]), meta["uid"]
+
+    def read() -> tuple[Mapping[str, Any], Live] | None:
+        current = [m for m in models_index.get(owner_key, []) if m["metadata"]["uid"] == uid]
+        if not current:
+            return None
+        return current[0], _live(owner_key, children_index, pods_index)
+
+    async def check() -> None:
+        outcome = await reconciler.reconcile_soon(uid, read, check)
+        if outcome is not None:
+            _post(owner, outcome)
+
+    return check
+
+
 def _post(owner: Mapping[str, Any], outcome: Outcome) -> None:
     for event in outcome.events:
         kopf.event(
@@ -168,6 +197,7 @@ def _post(owner: Mapping[str, Any], outcome: Outcome) -> None:
 async def reconcile(
     body: kopf.Body,
     memo: kopf.Memo,
+    models_index: Snapshots,
     children_index: Snapshots,
     pods_index: PodStates,
     **_: Any,
@@ -176,7 +206,8 @@ async def reconcile(
     owner = _snapshot(body)
     owner_key = (owner["metadata"]["namespace"], owner["metadata"]["name"])
     reconciler: Reconciler = memo.reconciler
-    outcome = await reconciler.reconcile(owner, _live(owner_key, children_index, pods_index))
+    again = _checker(reconciler, owner, models_index, children_index, pods_index)
+    outcome = await reconciler.reconcile(owner, _live(owner_key, children_index, pods_index), again)
     _post(owner, outcome)
     if outcome.blocked:
         options: OperatorOptions = memo.options
@@ -207,19 +238,9 @@ async def child_changed(
     owner_key = (namespace or "", labels.get(INSTANCE_LABEL, ""))
     reconciler: Reconciler = memo.reconciler
     for owner in list(models_index.get(owner_key, [])):
-        uid = owner["metadata"]["uid"]
         if type == "DELETED":
-            reconciler.forget_child(uid, key(body))
-
-        def read(uid: str = uid) -> tuple[Mapping[str, Any], Live] | None:
-            current = [m for m in models_index.get(owner_key, []) if m["metadata"]["uid"] == uid]
-            if not current:
-                return None
-            return current[0], _live(owner_key, children_index, pods_index)
-
-        outcome = await reconciler.reconcile_soon(uid, read)
-        if outcome is not None:
-            _post(owner, outcome)
+            reconciler.forget_child(owner["metadata"]["uid"], key(body))
+        await _checker(reconciler, owner, models_index, children_index, pods_index)()
 
 
 def _register() -> None:

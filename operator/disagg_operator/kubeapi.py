@@ -25,6 +25,10 @@ HANDOVER_MANAGER = "disagg-operator-handover"
 autoscaler first changes them and so takes them over; never used for anything else."""
 
 USER_AGENT = "disagg-operator"
+PASS_THREADS = 8
+"""Worker threads in each of the reconciler's two pools (`reconcile.Reconciler`); the client
+keeps a connection for each thread of both, where it would keep 5 per CPU and open and drop
+one for each request beyond."""
 APPLY_PATCH = "application/apply-patch+yaml"
 MERGE_PATCH = "application/merge-patch+json"
 
@@ -38,6 +42,7 @@ def new_api_client() -> client.ApiClient:
         config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
     else:
         config.load_kube_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+    configuration.connection_pool_maxsize = 2 * PASS_THREADS
     api = client.ApiClient(configuration)
     api.user_agent = USER_AGENT
     return api

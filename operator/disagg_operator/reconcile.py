@@ -9,6 +9,7 @@ status only when it changed. What the reconciler keeps between passes is all in 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import datetime
 import json
 import logging
@@ -18,6 +19,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from disagg_contract import S3_CREDENTIALS_FIELD
 from disagg_operator.children import (
     Action,
     Decision,
@@ -36,7 +38,13 @@ from disagg_operator.conditions import (
 )
 from disagg_operator.connector_config import config_hash, config_map_data
 from disagg_operator.errors import SpecError
-from disagg_operator.kubeapi import FIELD_MANAGER, HANDOVER_MANAGER, ApiException, KubeApi
+from disagg_operator.kubeapi import (
+    FIELD_MANAGER,
+    HANDOVER_MANAGER,
+    PASS_THREADS,
+    ApiException,
+    KubeApi,
+)
 from disagg_operator.loading import load_spec
 from disagg_operator.metrics import OperatorMetrics
 from disagg_operator.model_keys import ensure_model_keys
@@ -61,6 +69,12 @@ from disagg_operator.reuse import Reading, next_reuse
 Manifest = dict[str, Any]
 ChildKey = tuple[str, str]
 _T = TypeVar("_T")
+Again = Callable[[], Awaitable[None]]
+"""Runs one more pass of a model the way its handler does (posting the pass's Events)."""
+
+PROGRESS_INTERVAL_S = 10.0
+"""While a model comes up, a status that only reports how far its rollout has come is written
+at most this often (see `Memory`); the operator's setting."""
 
 COALESCE_DELAY_S = 0.5
 """Child events arriving this close together share one pass (a rollout is a burst of events)."""
@@ -102,6 +116,8 @@ class Outcome:
     problems: list[Problem] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
     applied: int = 0
+    status_held_s: float = 0.0
+    """The status found only reports progress and was held back: write it this much later."""
 
     @property
     def blocked(self) -> bool:
@@ -128,7 +144,7 @@ class Memory:
 
     kopf's indexes are the operator's view of the cluster and the pass is a function of that
     view. Each piece here makes up for something the view alone does not give. The first is
-    needed for correctness; the other three only save work, and each is kept because
+    needed for correctness; the other four only save work, and each is kept because
     `benchmarks/operator_scale.py` shows what it saves (runs without each one are in
     benchmarks/README.md):
 
@@ -145,7 +161,13 @@ class Memory:
       children and write the same status again, with their Events;
     - rendered children: the adopted manifests by the model's identity and spec, so that
       the many child-event passes of a model do not render it again (rendering is the
-      costliest step of a pass).
+      costliest step of a pass);
+    - held progress: while a model comes up (neither Ready nor Degraded, before or after,
+      and no newer generation observed), a status that changed only in how far the rollout
+      has come is written at most once per progress interval, by one pass started when the
+      interval ends (the pending pass, one per model). Each pod, workload and child event
+      of a rollout otherwise writes one more intermediate status; a change that says more
+      (Ready, Degraded, a new generation) is written at once.
     """
 
     def __init__(self) -> None:
@@ -153,6 +175,8 @@ class Memory:
         self._waiting: set[str] = set()
         self._written: dict[str, dict[ChildKey, Mapping[str, Any]]] = {}
         self._rendered: dict[str, tuple[str, tuple[Manifest, ...]]] = {}
+        self._held: dict[str, float] = {}
+        self._pending: dict[str, asyncio.Task[None]] = {}
 
     async def one_at_a_time(self, uid: str, run: Callable[[], Awaitable[_T]]) -> _T:
         """`run()` in the model's turn."""
@@ -217,6 +241,41 @@ class Memory:
             cached = self._rendered[meta["uid"]] = (identity, tuple(desired_children(owner)))
         return list(cached[1])
 
+    def hold(self, uid: str, now: float, interval_s: float) -> float:
+        """Seconds a progress status of the model is still held back (0: write it now); the
+        interval starts with the first one held."""
+        since = self._held.setdefault(uid, now)
+        return max(0.0, since + interval_s - now)
+
+    def release(self, uid: str) -> None:
+        """The model's status was written: the next progress status starts a new interval."""
+        self._held.pop(uid, None)
+
+    def later(self, uid: str, delay_s: float, run: Again) -> None:
+        """`run()` in `delay_s`, unless a run of the model is pending already."""
+        if uid in self._pending:
+            return
+
+        async def pending() -> None:
+            await asyncio.sleep(delay_s)
+            self._pending.pop(uid, None)
+            await run()
+
+        self._pending[uid] = asyncio.create_task(pending(), name=f"held status {uid}")
+
+    def not_later(self, uid: str) -> None:
+        """Cancel the model's pending run: a pass since held nothing back, so it would find no
+        status to write."""
+        pending = self._pending.pop(uid, None)
+        if pending is not None:
+            pending.cancel()
+
+    def close(self) -> None:
+        """Cancel every pending run (the operator is stopping)."""
+        for task in self._pending.values():
+            task.cancel()
+        self._pending.clear()
+
     def forget_child(self, uid: str, child: ChildKey) -> None:
         """A child was deleted: the answer to its last apply no longer stands for it."""
         self._written.get(uid, {}).pop(child, None)
@@ -225,6 +284,10 @@ class Memory:
         """Drop what is kept of a deleted model."""
         self._written.pop(uid, None)
         self._rendered.pop(uid, None)
+        self._held.pop(uid, None)
+        pending = self._pending.pop(uid, None)
+        if pending is not None:
+            pending.cancel()
 
 
 def _now() -> str:
@@ -252,18 +315,65 @@ _CHANGE_EVENTS = {
 
 
 class Reconciler:
-    """Reconciles models one pass at a time per model, any number of models in parallel."""
+    """Reconciles models one pass at a time per model, any number of models in parallel.
+
+    Passes block on the API server, so they run in worker threads, in two pools of
+    `kubeapi.PASS_THREADS` each: one for the passes of the spec handler (a new model's first
+    pass applies all its children, the longest pass there is) and one for the passes of child
+    events and reuse readings (mostly a status write). When many models arrive at once, a
+    model's pod turning ready then does not wait behind the first passes of every model that
+    arrived after it, which would hold each model's Ready until nearly all had been created.
+    `progress_interval_s` holds back progress statuses (`Memory`); 0 writes each at once.
+    """
 
     def __init__(
         self,
         api: KubeApi,
         metrics: OperatorMetrics | None = None,
         logger: logging.Logger | None = None,
+        progress_interval_s: float = 0.0,
     ) -> None:
         self._api = api
         self._metrics = metrics or OperatorMetrics()
         self._log = logger or logging.getLogger(__name__)
         self._memory = Memory()
+        self._progress_interval_s = progress_interval_s
+        self._spec_threads = concurrent.futures.ThreadPoolExecutor(
+            PASS_THREADS, thread_name_prefix="spec-pass"
+        )
+        self._event_threads = concurrent.futures.ThreadPoolExecutor(
+            PASS_THREADS, thread_name_prefix="event-pass"
+        )
+
+    def close(self) -> None:
+        """Cancel the pending passes and start no more (the operator is stopping); those
+        running finish."""
+        self._memory.close()
+        for threads in (self._spec_threads, self._event_threads):
+            threads.shutdown(wait=False, cancel_futures=True)
+
+    async def _run_pass(
+        self,
+        threads: concurrent.futures.Executor,
+        owner: Mapping[str, Any],
+        live: Live,
+        again: Again | None,
+    ) -> Outcome:
+        """One pass in one of `threads`; when it held a status back, `again()` once it is due,
+        and when it held none, no pending `again()`."""
+        outcome = await _in(threads, self._pass, owner, live)
+        uid = owner["metadata"]["uid"]
+        if outcome.status_held_s == 0:
+            self._memory.not_later(uid)
+        elif again is not None:
+            self._memory.later(uid, outcome.status_held_s, lambda: self._again(uid, again))
+        return outcome
+
+    async def _again(self, uid: str, again: Again) -> None:
+        try:
+            await again()
+        except Exception:
+            self._log.exception("the pass writing the held status of model %s failed", uid)
 
     def forget(self, uid: str) -> None:
         """Drop what is remembered about a deleted model."""
@@ -274,20 +384,29 @@ class Reconciler:
         """A child was deleted: stop trusting the copy this process applied."""
         self._memory.forget_child(uid, child)
 
-    async def reconcile(self, owner: Mapping[str, Any], live: Live) -> Outcome:
-        """Converge one model's children and status now (in the model's turn)."""
+    async def reconcile(
+        self, owner: Mapping[str, Any], live: Live, again: Again | None = None
+    ) -> Outcome:
+        """Converge one model's children and status now (in the model's turn); `again` runs
+        the pass that writes a status held back."""
         return await self._memory.one_at_a_time(
-            owner["metadata"]["uid"], lambda: asyncio.to_thread(self._pass, owner, live)
+            owner["metadata"]["uid"],
+            lambda: self._run_pass(self._spec_threads, owner, live, again),
         )
 
     async def reconcile_soon(
-        self, uid: str, read: Callable[[], tuple[Mapping[str, Any], Live] | None]
+        self,
+        uid: str,
+        read: Callable[[], tuple[Mapping[str, Any], Live] | None],
+        again: Again | None = None,
     ) -> Outcome | None:
         """Run one pass shortly, on the state `read` returns then; None when coalesced."""
 
         async def run() -> Outcome | None:
             state = read()
-            return None if state is None else await asyncio.to_thread(self._pass, *state)
+            if state is None:
+                return None
+            return await self._run_pass(self._event_threads, *state, again)
 
         return await self._memory.soon(uid, run)
 
@@ -304,7 +423,7 @@ class Reconciler:
         async def write() -> None:
             watched = read()
             if watched is not None:
-                await asyncio.to_thread(self._write_reuse, watched, reading, failures)
+                await _in(self._event_threads, self._write_reuse, watched, reading, failures)
 
         await self._memory.one_at_a_time(uid, write)
 
@@ -557,8 +676,19 @@ class Reconciler:
         if new == previous:
             return
         meta = owner["metadata"]
+        if self._progress_interval_s > 0 and _only_progress(previous, new):
+            held_s = self._memory.hold(meta["uid"], time.monotonic(), self._progress_interval_s)
+            if held_s > 0:
+                outcome.status_held_s = held_s
+                return
+        self._memory.release(meta["uid"])
         self._log.debug("status of %s/%s: %s -> %s", meta["namespace"], meta["name"], previous, new)
         self._patch_status(meta, _merge_patch(previous, new))
+
+
+async def _in(threads: concurrent.futures.Executor, call: Callable[..., _T], *args: Any) -> _T:
+    """`call(*args)` in one of `threads`."""
+    return await asyncio.get_running_loop().run_in_executor(threads, call, *args)
 
 
 def _merge_patch(old: Mapping[str, Any], new: dict[str, Any]) -> dict[str, Any]:
@@ -611,6 +741,8 @@ def secret_refs(spec: DisaggregatedModelSpec) -> list[tuple[str, SecretKeyRef | 
     refs: list[tuple[str, SecretKeyRef | SecretRef | None]] = [
         ("spec.model.tokenSecret", spec.model.token_secret)
     ]
+    if spec.model.s3 is not None and spec.model.s3.credentials_secret is not None:
+        refs += [(S3_CREDENTIALS_FIELD, ref) for ref in spec.model.s3.credentials_secret.key_refs]
     if spec.auth is not None:
         refs.append(("spec.auth.apiKeySecret", spec.auth.api_key_secret))
         refs.append(("spec.auth.clientKeysSecret", spec.auth.client_keys_secret))
@@ -653,6 +785,19 @@ def _describe(label: str, decision: Decision) -> str:
 
 def _condition_map(status: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
     return {c["type"]: c for c in status.get("conditions") or []}
+
+
+def _only_progress(previous: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
+    """Whether a model's new status only says how far its rollout has come: neither Ready nor
+    Degraded in either, and no other generation observed than before (if any was)."""
+    before, after = _condition_map(previous), _condition_map(new)
+    flagged = any(
+        conditions.get(type_, {}).get("status") == "True"
+        for conditions in (before, after)
+        for type_ in ("Ready", "Degraded")
+    )
+    seen = previous.get("observedGeneration")
+    return not flagged and seen in (None, new.get("observedGeneration"))
 
 
 def _transition_events(previous: Mapping[str, Any], new: Mapping[str, Any]) -> list[Event]:

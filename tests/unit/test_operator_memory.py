@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import inspect
+import threading
 from collections.abc import Mapping
 from typing import Any, cast
 
@@ -191,6 +192,73 @@ def test_passes_of_one_model_never_overlap_and_of_two_models_do() -> None:
     assert most == {"a": 1, "b": 1} and both.is_set()
 
 
+class HeldApi(FakeApi):
+    """A FakeApi whose applies to one model's children wait until `release` is set."""
+
+    def __init__(self, owners: list[Mapping[str, Any]], held: str) -> None:
+        super().__init__(owners[0])
+        for owner in owners[1:]:
+            self.objects[key(owner)] = copy.deepcopy(dict(owner))
+        self.held = held
+        self.release = threading.Event()
+
+    def apply(self, resource: ApiResource, manifest: dict[str, Any]) -> dict[str, Any]:
+        if manifest["metadata"]["labels"].get("app.kubernetes.io/instance") == self.held:
+            assert self.release.wait(timeout=10)
+        return super().apply(resource, manifest)
+
+
+def test_event_passes_do_not_wait_behind_spec_passes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With every spec-pass thread busy on a first pass, a child event's pass of another model
+    still runs: it has threads of its own."""
+    monkeypatch.setattr(reconcile, "PASS_THREADS", 1)
+    other = copy.deepcopy(OWNER)
+    other["metadata"].update(name="n", uid="u-2")
+    api = HeldApi([OWNER, other], held="m")
+    reconciler = _reconciler(api)
+
+    async def scenario() -> tuple[reconcile.Outcome | None, bool]:
+        first = asyncio.create_task(reconciler.reconcile(OWNER, Live(children={})))
+        await asyncio.sleep(0.1)
+        event = reconciler.reconcile_soon("u-2", lambda: (other, Live(children={})))
+        outcome = await asyncio.wait_for(event, timeout=5)
+        held = not first.done()
+        api.release.set()
+        await first
+        return outcome, held
+
+    try:
+        outcome, held = asyncio.run(scenario())
+    finally:
+        api.release.set()
+        reconciler.close()
+    assert held and outcome is not None and outcome.applied
+
+
+def test_a_pass_that_holds_nothing_back_cancels_the_pending_one() -> None:
+    """A held status's pending pass is not run once a later pass wrote the status (Ready)."""
+    api = FakeApi(OWNER)
+    reconciler = Reconciler(cast(KubeApi, api), progress_interval_s=0.2)
+    again_runs: list[int] = []
+
+    async def again() -> None:
+        again_runs.append(1)
+
+    async def scenario() -> reconcile.Outcome:
+        first = await reconciler.reconcile(OWNER, Live(children={}), again)
+        assert first.status_held_s > 0
+        stored = api.stored()
+        owner = stored.pop(key(OWNER))
+        _rolled_out(stored)
+        ready = await reconciler.reconcile(owner, Live(children=stored), again)
+        await asyncio.sleep(0.3)
+        return ready
+
+    ready = asyncio.run(scenario())
+    assert ready.status_held_s == 0 and api.writes.count(("status", "m")) == 1
+    assert again_runs == []
+
+
 def _index_plurals() -> dict[str, set[str]]:
     plurals: dict[str, set[str]] = {}
     for handler in kopf.get_default_registry()._indexing.get_all_handlers():
@@ -210,7 +278,7 @@ def test_three_indexes_one_over_every_child_kind() -> None:
 @pytest.mark.parametrize(
     ("handler", "indexes"),
     [
-        (handlers.reconcile, {"children_index", "pods_index"}),
+        (handlers.reconcile, {"models_index", "children_index", "pods_index"}),
         (handlers.child_changed, {"models_index", "children_index", "pods_index"}),
     ],
 )
@@ -220,3 +288,50 @@ def test_handlers_take_the_indexes_they_read_as_named_arguments(
     parameters = inspect.signature(handler).parameters
     assert {name for name in parameters if name.endswith("_index")} == indexes
     assert indexes <= set(_index_plurals())
+
+
+def _rolled_out(children: dict[tuple[str, str], dict[str, Any]]) -> None:
+    """Every workload of `children` with all its replicas ready at its generation."""
+    for (kind, _), child in children.items():
+        if kind in ("StatefulSet", "Deployment"):
+            replicas = child["spec"].get("replicas", 1)
+            child["metadata"]["generation"] = 1
+            child["status"] = {
+                "observedGeneration": 1,
+                "replicas": replicas,
+                "readyReplicas": replicas,
+                "updatedReplicas": replicas,
+            }
+
+
+def test_progress_is_held_back_for_one_interval_and_ready_is_written_at_once() -> None:
+    api = FakeApi(OWNER)
+    reconciler = Reconciler(cast(KubeApi, api), progress_interval_s=0.2)
+    statuses: list[dict[str, Any]] = []
+
+    def view() -> tuple[dict[str, Any], Live]:
+        stored = api.stored()
+        return stored.pop(key(OWNER)), Live(children=stored)
+
+    async def again() -> None:
+        outcome = await reconciler.reconcile(*view())
+        statuses.append(api.objects[key(OWNER)].get("status", {}))
+        assert outcome.status_held_s == 0
+
+    async def scenario() -> None:
+        first = await reconciler.reconcile(OWNER, Live(children={}), again)
+        assert first.applied and first.status_held_s == pytest.approx(0.2)
+        assert ("status", "m") not in api.writes  # coming up: nothing but progress to say
+        held = await reconciler.reconcile(*view(), again)
+        assert 0 < held.status_held_s < first.status_held_s  # the same interval runs on
+        await asyncio.sleep(0.3)
+
+    asyncio.run(scenario())
+    assert api.writes.count(("status", "m")) == 1 and len(statuses) == 1  # one pending pass
+    assert statuses[0]["observedGeneration"] == 1
+
+    owner, live = view()
+    _rolled_out(cast(dict[tuple[str, str], dict[str, Any]], live.children))
+    ready = asyncio.run(reconciler.reconcile(owner, live))
+    assert ready.status_held_s == 0 and api.writes.count(("status", "m")) == 2
+    assert [e.reason for e in ready.events] == ["Ready"]
