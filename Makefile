@@ -71,6 +71,15 @@ test-cluster: venv cluster-bin
 metrics-bin:
 	bash tests/cluster/metrics/build-metrics.sh
 
+# dashboard-screenshot: the chart's Grafana dashboard as Perses renders it (pinned module and npm
+# plugins, tests/cluster/metrics/build-perses.sh, minutes cold) with the series of the Prometheus
+# at PROMETHEUS_URL, into DASHBOARD_PNG (headless Debian chromium; not part of `make test`).
+DASHBOARD_PNG ?= docs/figures/dashboard.png
+.PHONY: dashboard-screenshot
+dashboard-screenshot:
+	@test -n "$(PROMETHEUS_URL)" || { echo "set PROMETHEUS_URL=http://127.0.0.1:PORT" >&2; exit 2; }
+	bash tests/cluster/metrics/dashboard-screenshot.sh "$(PROMETHEUS_URL)" "$(DASHBOARD_PNG)"
+
 ## ---- Real node -------------------------------------------------------------------
 # DISAGG_REAL_NODE=1 make cluster-up also starts one real CPU node beside the fake ones
 # (tests/cluster/node/, docs/local-cluster.md): containerd + runc, the kubelet and kube-proxy
@@ -111,13 +120,25 @@ test-engine: engine-env
 	flock $(HEAVY_LOCK) $(ENGINE_VENV)/bin/pytest tests/engine -p no:cacheprovider
 
 # The bidirectional, hostile-offer and lease engine tests over NIXL's LIBFABRIC backend (EFA's
-# code path, libfabric's tcp provider). Its plugin links a libfabric newer than any Debian
-# package (the FABRIC_1.10 ABI): give one with `LIBFABRIC_LIB=<lib dir> make engine-env`;
-# without it every test here fails naming what did not load. Not part of `make test`.
+# code path, libfabric's tcp provider), with the libfabric the serving image ships (from NIXL's
+# 0.6.1 wheel, see setup_env.sh); `LIBFABRIC_LIB=<lib dir> make engine-env` runs another one.
 .PHONY: test-engine-libfabric
 test-engine-libfabric: engine-env
 	DISAGG_ENGINE_BACKENDS=LIBFABRIC flock $(HEAVY_LOCK) $(ENGINE_VENV)/bin/pytest -p no:cacheprovider \
 		tests/engine/test_bidirectional.py tests/engine/test_hostile_offers.py tests/engine/test_leases_engine.py
+
+## ---- CUDA serving image ------------------------------------------------------
+# image-cuda: connector/Dockerfile's CUDA flavor (vLLM's CUDA wheel from PyPI with its torch and
+# NVIDIA wheels) built with buildah on the real node's mmdebstrap base, cached by its inputs
+# (tests/cluster/node/images.sh build-cuda), then inspected without a GPU (test-image:
+# tests/image). Not part of `make test`: its GBs of wheels do not fit the CI budget.
+.PHONY: image-cuda test-image
+image-cuda:
+	bash tests/cluster/node/images.sh build-cuda
+	$(MAKE) test-image
+
+test-image: venv
+	flock $(HEAVY_LOCK) $(BIN)/pytest tests/image -p no:cacheprovider
 
 ## ---- Chart -------------------------------------------------------------------
 # The Helm chart (charts/disagg-operator) and the plain path built from it: its crds/ is a copy of

@@ -272,9 +272,15 @@ class DisaggConnectorScheduler(NixlPullConnectorScheduler):
     ) -> None:
         if self.retainer is not None:
             self.retainer.allocated(request.request_id)
-        engine = remote_engine(request.kv_transfer_params)
+        params = request.kv_transfer_params
+        engine = remote_engine(params)
         self.reader.allocated(request.request_id, num_external_tokens, engine)
         super().update_state_after_alloc(request, blocks, num_external_tokens)
+        if self.retainer is not None and isinstance(params, dict) and params.get(RETAIN_KEY):
+            # vLLM hands its worker a decode turn to track for sending only while the turn
+            # reads prefill's KV; one whose offer was refused (a recompute) is retained all
+            # the same, and a worker not tracking it would never free its blocks.
+            self._reqs_in_batch.add(request.request_id)
 
     @override
     def request_finished(

@@ -11,6 +11,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from disagg_contract import WEIGHTS_UNAVAILABLE
 from disagg_operator.models import (
     AutoscalingSpec,
     Condition,
@@ -37,6 +38,10 @@ FAILING_WAIT_REASONS = frozenset(
     }
 )
 """Container waiting reasons that need a person (the pod will not get better by itself)."""
+POD_FAILING = "PodFailing"
+WEIGHTS_MESSAGE_PREFIX = f"{WEIGHTS_UNAVAILABLE}: "
+"""How a server's termination message starts when it could not read its weights' source
+(``disagg serve``'s check): the rest names the spec field to fix."""
 
 
 @dataclass(frozen=True)
@@ -58,6 +63,19 @@ class PodState:
     failing: bool = False
     ip: str = ""
     """The pod's IP (`status.podIP`), where the operator reads a router's reuse summary."""
+    reason: str = POD_FAILING
+    """The condition reason when the pod is failing."""
+
+
+def _weights_message(container: Mapping[str, Any]) -> str | None:
+    """The field-naming reason a server gave for not reading its weights, from its current or
+    last termination (a crash-looping server is waiting between the two)."""
+    for state in ("state", "lastState"):
+        terminated = (container.get(state) or {}).get("terminated") or {}
+        message = str(terminated.get("message") or "").strip()
+        if message.startswith(WEIGHTS_MESSAGE_PREFIX):
+            return message.removeprefix(WEIGHTS_MESSAGE_PREFIX)
+    return None
 
 
 def pod_state(pod: Mapping[str, Any], component: str) -> PodState:
@@ -74,6 +92,9 @@ def pod_state(pod: Mapping[str, Any], component: str) -> PodState:
         message = scheduled.get("message") or scheduled.get("reason") or "not scheduled"
         return PodState(name, component, ready, f"unschedulable: {message}", ip=ip)
     for container in status.get("containerStatuses") or []:
+        weights = _weights_message(container)
+        if weights is not None and not ready:
+            return PodState(name, component, ready, weights, True, ip, WEIGHTS_UNAVAILABLE)
         waiting = (container.get("state") or {}).get("waiting")
         if waiting and waiting.get("reason"):
             reason = waiting["reason"]
@@ -200,7 +221,7 @@ def _problems(observed: Observed) -> list[Problem]:
     failing = [p for p in observed.pods if p.failing]
     return [
         *observed.problems,
-        *(Problem("PodFailing", f"pod {p.name}: {p.detail}") for p in failing[:3]),
+        *(Problem(p.reason, f"pod {p.name}: {p.detail}") for p in failing[:3]),
     ]
 
 
@@ -257,7 +278,7 @@ def build_status(observed: Observed, now: str) -> DisaggregatedModelStatus:
             prev, "Progressing", False, "Blocked", f"retrying until fixed: {blocked}", gen, now
         )
     else:
-        reason = "PodFailing" if problems else "RolloutInProgress"
+        reason = problems[0].reason if problems else "RolloutInProgress"
         message = _join([*(p.message for p in problems), *not_ready]) or "applying children"
         ready_condition = _condition(prev, "Ready", False, reason, message, gen, now)
         progressing = _condition(prev, "Progressing", True, "RollingOut", message, gen, now)

@@ -8,9 +8,12 @@ all derive from these models.
 from __future__ import annotations
 
 import ipaddress
+import math
 import re
+from decimal import Decimal
 from typing import Annotated, Any, Literal
 
+from kubernetes.utils.quantity import parse_quantity
 from pydantic import (
     AfterValidator,
     ConfigDict,
@@ -21,6 +24,8 @@ from pydantic import (
 )
 
 from disagg_contract import (
+    AWS_ACCESS_KEY_ID_ENV,
+    AWS_SECRET_ACCESS_KEY_ENV,
     DEFAULT_IDLE_TIMEOUT_S,
     ENGINE_API_KEY_ENV,
     ENGINE_PORT,
@@ -32,10 +37,13 @@ from disagg_contract import (
     OFFER_KEY_FILE_ENV,
     ROUTER_HEADER_TIMEOUT_S,
     ROUTER_PORT,
+    S3_SCHEME,
     SIDE_CHANNEL_HOST_ENV,
     SIDE_CHANNEL_PORT,
     SIDE_CHANNEL_PORT_ENV,
+    SOURCE_MOUNT_PATH,
     TENANT_SHARE_DIVISOR,
+    PrefillRouting,
     ReadDecision,
 )
 from disagg_operator.base import ApiModel, CrossFieldRule
@@ -72,7 +80,11 @@ CONNECTOR_VOLUME = "connector-config"
 OFFER_KEY_VOLUME = "offer-key"
 CACHE_VOLUME = "model-cache"
 SHM_VOLUME = "dshm"
-MANAGED_VOLUMES = (CONNECTOR_VOLUME, OFFER_KEY_VOLUME, CACHE_VOLUME, SHM_VOLUME)
+SOURCE_VOLUME = "model-source"
+POD_VOLUMES = (CONNECTOR_VOLUME, OFFER_KEY_VOLUME, CACHE_VOLUME, SHM_VOLUME)
+"""The volumes every serving pod gets, first in its list."""
+MANAGED_VOLUMES = (*POD_VOLUMES, SOURCE_VOLUME)
+"""Every volume name the operator may give a serving pod (a pvc:// source's claim as well)."""
 """The volumes the operator gives every prefill and decode pod: a role's own volumes take
 other names."""
 
@@ -236,11 +248,126 @@ class SecretKeyRef(ApiModel):
     )
 
 
+HF_SCHEME = "hf://"
+PVC_SCHEME = "pvc://"
+_PATH_TAIL = "(/.*)?"
+_HF_PART = "[A-Za-z0-9][-._A-Za-z0-9]*"
+MODEL_SOURCE_PATTERN = (
+    rf"^({HF_SCHEME}{_HF_PART}(/{_HF_PART})?"
+    rf"|{S3_SCHEME}[a-z0-9][-.a-z0-9]{{1,61}}[a-z0-9]{_PATH_TAIL}"
+    rf"|{PVC_SCHEME}[a-z0-9]([-.a-z0-9]{{0,251}}[a-z0-9])?{_PATH_TAIL})$"
+)
+"""A model source URI: a Hugging Face id, an S3 bucket (and prefix), or a claim (and a path)."""
+MODEL_SOURCE_MESSAGE = (
+    "must be hf://<org>/<model> (a Hugging Face id), s3://<bucket>/<prefix> (an S3 bucket "
+    "name and the prefix holding config.json and the *.safetensors files) or "
+    "pvc://<claim>/<path> (a PersistentVolumeClaim of the namespace and the folder on it)"
+)
+DEFAULT_STARTUP_BUDGET_SECONDS = 1800
+"""The startup probe's budget when the spec declares no weight size: what every server had
+before the budget was a field (start-up, compile and warm-up of a model of up to ~100 GB)."""
+LOAD_BYTES_PER_SECOND = 256 * 2**20
+"""The weight-loading rate the default budget assumes on top of the fixed part: 256 MiB/s, a
+fraction of what one p5en node streams from S3 in the same region, so a slow start is not
+killed."""
+STARTUP_PROBE_PERIOD_SECONDS = 10
+"""How often the startup probe asks /health; the budget divided by it is its failureThreshold."""
+MIN_STARTUP_BUDGET_SECONDS = 60
+MAX_STARTUP_BUDGET_SECONDS = 86400
+
+
+class S3CredentialsSecret(ApiModel):
+    """A Secret of the model's namespace holding an S3 access key."""
+
+    name: ObjectName = Field(description="Secret name.")
+    access_key_id_key: Annotated[str, StringConstraints(min_length=1, max_length=253)] = Field(
+        AWS_ACCESS_KEY_ID_ENV, description="Key of the access key id within the Secret."
+    )
+    secret_access_key_key: Annotated[str, StringConstraints(min_length=1, max_length=253)] = Field(
+        AWS_SECRET_ACCESS_KEY_ENV, description="Key of the secret access key within the Secret."
+    )
+
+    @property
+    def key_refs(self) -> tuple[SecretKeyRef, SecretKeyRef]:
+        """The access key id's and the secret access key's keys of the Secret."""
+        return (
+            SecretKeyRef(name=self.name, key=self.access_key_id_key),
+            SecretKeyRef(name=self.name, key=self.secret_access_key_key),
+        )
+
+
+class S3Spec(ApiModel):
+    """How the servers reach an `s3://` source."""
+
+    endpoint: Annotated[str, StringConstraints(pattern=r"^https?://[^\s/]+/?$", max_length=256)] | (
+        None
+    ) = Field(
+        None,
+        description="Endpoint of an S3-compatible server (e.g. http://minio.storage:9000), "
+        "addressed path-style (bucket in the path). Exported as AWS_ENDPOINT_URL. Default: "
+        "unset, AWS S3 of the region.",
+    )
+    region: Annotated[str, StringConstraints(pattern=r"^[a-z0-9-]+$", max_length=64)] | None = (
+        Field(
+            None,
+            description="AWS region of the bucket, exported as AWS_REGION and AWS_DEFAULT_REGION. "
+            "Default: unset, the region the pod's environment gives (on EKS, IRSA and Pod Identity "
+            "set it).",
+        )
+    )
+    credentials_secret: S3CredentialsSecret | None = Field(
+        None,
+        description="A Secret holding an access key, exported as AWS_ACCESS_KEY_ID and "
+        "AWS_SECRET_ACCESS_KEY. Default: unset, the credentials of the pods' ServiceAccount "
+        "(spec.<role>.serviceAccountName annotated for IRSA or associated with an EKS Pod "
+        "Identity), or of the node.",
+    )
+
+
+def _source_matches(source: str | None) -> bool:
+    return source is None or re.fullmatch(MODEL_SOURCE_PATTERN, source) is not None
+
+
 class ModelSpec(ApiModel):
     """The model to serve."""
 
+    rules = (
+        CrossFieldRule(
+            field="source",
+            message=MODEL_SOURCE_MESSAGE,
+            cel=f"!has(self.source) || self.source.matches('{MODEL_SOURCE_PATTERN}')",
+            check=lambda m: _source_matches(m.source),
+            explain=lambda m: f"got {m.source!r}",
+        ),
+        CrossFieldRule(
+            field="s3",
+            message="applies only to an s3:// source: set source to s3://<bucket>/<prefix> or "
+            "remove s3",
+            cel=f"!has(self.s3) || (has(self.source) && self.source.startsWith('{S3_SCHEME}'))",
+            check=lambda m: m.s3 is None or m.source_scheme == S3_SCHEME,
+        ),
+    )
+
     name: NonEmptyText = Field(
-        description="Hugging Face model id (e.g. Qwen/Qwen3-32B) or a path inside the cache."
+        description="Hugging Face model id (e.g. Qwen/Qwen3-32B) or a path inside the cache; "
+        "with `source` set, only the model's name (the default of `servedName`)."
+    )
+    source: Annotated[str, StringConstraints(min_length=1, max_length=1024)] | None = Field(
+        None,
+        description="Where the weights come from, as a URI. hf://<org>/<model>: a Hugging Face "
+        "id, downloaded into the cache. s3://<bucket>/<prefix>: streamed from S3 into memory by "
+        "vLLM's Run:ai model streamer (--load-format runai_streamer), nothing written to disk; "
+        "the prefix holds config.json, the tokenizer and *.safetensors files; see `s3` and "
+        "docs/eks.md. pvc://<claim>/<path>: a folder on a PersistentVolumeClaim of the "
+        f"namespace, mounted read-only at {SOURCE_MOUNT_PATH}. A server that cannot read its "
+        f"source exits at start with a one-line reason, which the model's conditions show "
+        f"(reason WeightsUnavailable). Default: unset, `name` as a Hugging Face id or a path "
+        "inside the cache.",
+    )
+    s3: S3Spec | None = Field(
+        None,
+        description="Endpoint, region and credentials of an s3:// source. Default: unset, AWS "
+        "S3 with the pods' ServiceAccount's credentials.",
     )
     served_name: NonEmptyText | None = Field(
         None, description="Model name clients send in requests. Defaults to `name`."
@@ -258,6 +385,22 @@ class ModelSpec(ApiModel):
     token_secret: SecretKeyRef | None = Field(
         None, description="Secret key holding a Hugging Face token, exported as HF_TOKEN."
     )
+    weights_size: Quantity | None = Field(
+        None,
+        description="Size of the weights (e.g. 750Gi for GLM-5-FP8), which sizes the default "
+        "startupBudgetSeconds. Default: unset.",
+    )
+    startup_budget_seconds: (
+        Annotated[int, Field(ge=MIN_STARTUP_BUDGET_SECONDS, le=MAX_STARTUP_BUDGET_SECONDS)] | None
+    ) = Field(
+        None,
+        description="Seconds a server may take from start to its first healthy /health (load "
+        "the weights, compile, warm up) before the kubelet restarts it: the startup probe's "
+        f"budget, asked every {STARTUP_PROBE_PERIOD_SECONDS} s. Default: "
+        f"{DEFAULT_STARTUP_BUDGET_SECONDS} s, plus with weightsSize one second per "
+        f"{LOAD_BYTES_PER_SECOND // 2**20} MiB of weights (750Gi: {DEFAULT_STARTUP_BUDGET_SECONDS}"
+        f" + 3000 = 4800 s).",
+    )
 
     @property
     def served_model_name(self) -> str:
@@ -268,6 +411,44 @@ class ModelSpec(ApiModel):
     def cache_mount_path(self) -> str:
         """Where the serving containers mount the model cache (HF_HOME)."""
         return self.cache.mount_path if self.cache is not None else MODEL_MOUNT_PATH
+
+    @property
+    def source_scheme(self) -> str | None:
+        """The source's scheme with its `://` (`s3://`), None without a source."""
+        if self.source is None:
+            return None
+        return self.source[: self.source.index("://") + 3]
+
+    @property
+    def source_claim(self) -> tuple[str, str] | None:
+        """A pvc:// source's claim and its path on the claim (without a leading /)."""
+        if self.source is None or self.source_scheme != PVC_SCHEME:
+            return None
+        claim, _, path = self.source.removeprefix(PVC_SCHEME).partition("/")
+        return claim, path.strip("/")
+
+    @property
+    def vllm_model(self) -> str:
+        """What vLLM's --model names: the Hugging Face id or cache path of `name`, the id of an
+        hf:// source, an s3:// source as given, or a pvc:// source's folder where it is
+        mounted."""
+        claim = self.source_claim
+        if claim is not None:
+            return f"{SOURCE_MOUNT_PATH}/{claim[1]}".rstrip("/")
+        if self.source is not None and self.source_scheme == HF_SCHEME:
+            return self.source.removeprefix(HF_SCHEME)
+        return self.source if self.source is not None else self.name
+
+    @property
+    def startup_budget(self) -> int:
+        """The startup probe's budget in seconds: the field, else the default it documents."""
+        if self.startup_budget_seconds is not None:
+            return self.startup_budget_seconds
+        if self.weights_size is None:
+            return DEFAULT_STARTUP_BUDGET_SECONDS
+        size: Decimal = parse_quantity(self.weights_size)  # type: ignore[no-untyped-call]
+        budget = DEFAULT_STARTUP_BUDGET_SECONDS + math.ceil(size / LOAD_BYTES_PER_SECOND)
+        return min(budget, MAX_STARTUP_BUDGET_SECONDS)
 
 
 class EnvVar(ApiModel):
@@ -434,12 +615,18 @@ MAX_POD_VOLUMES = 32
 """The most volumes (and mounts) a role adds: the admission checks compare them pairwise."""
 MAX_SPREAD_CONSTRAINTS = 8
 
-POD_LABELS_RULE = CrossFieldRule(
-    field="podLabels",
-    message="must not set app.kubernetes.io/ labels: the operator owns them (selectors)",
-    cel=f"!has(self.podLabels) || self.podLabels.all(k, !k.startsWith('{RESERVED_LABEL_PREFIX}'))",
-    check=lambda m: not any(k.startswith(RESERVED_LABEL_PREFIX) for k in m.pod_labels),
-)
+
+def _reserved_labels_rule(field: str, attribute: str) -> CrossFieldRule:
+    """The labels map `field` leaves the operator's app.kubernetes.io/ labels alone."""
+    return CrossFieldRule(
+        field=field,
+        message=f"must not set {RESERVED_LABEL_PREFIX} labels: the operator owns them (selectors)",
+        cel=f"!has(self.{field}) || self.{field}.all(k, !k.startsWith('{RESERVED_LABEL_PREFIX}'))",
+        check=lambda m: not any(k.startswith(RESERVED_LABEL_PREFIX) for k in getattr(m, attribute)),
+    )
+
+
+POD_LABELS_RULE = _reserved_labels_rule("podLabels", "pod_labels")
 """Pod labels leave the operator's selector labels alone (engines and router alike)."""
 POD_ANNOTATIONS_RULE = CrossFieldRule(
     field="podAnnotations",
@@ -677,13 +864,12 @@ def _duplicates(names: list[str]) -> str:
 def _managed_mount(path: str) -> bool:
     """Whether a mount path is one the operator mounts (its folder, and anything below it, or
     the shared memory); the model cache's is checked by the spec, which knows it."""
-    return path in (SHM_MOUNT_PATH, f"{SHM_MOUNT_PATH}/", CONFIG_DIR) or path.startswith(
-        f"{CONFIG_DIR}/"
-    )
+    return path in _MANAGED_MOUNTS or path.startswith(f"{CONFIG_DIR}/")
 
 
+_MANAGED_MOUNTS = (SHM_MOUNT_PATH, f"{SHM_MOUNT_PATH}/", CONFIG_DIR, SOURCE_MOUNT_PATH)
 _MANAGED_MOUNT_CEL = (
-    f"m.mountPath in ['{SHM_MOUNT_PATH}', '{SHM_MOUNT_PATH}/', '{CONFIG_DIR}'] || "
+    "m.mountPath in [" + ", ".join(f"'{path}'" for path in _MANAGED_MOUNTS) + "] || "
     f"m.mountPath.startsWith('{CONFIG_DIR}/')"
 )
 _MANAGED_VOLUMES_CEL = "[" + ", ".join(f"'{name}'" for name in MANAGED_VOLUMES) + "]"
@@ -727,7 +913,7 @@ VOLUME_RULES = (
     CrossFieldRule(
         field="volumeMounts",
         message=f"must not mount at a path the operator mounts ({CONFIG_DIR} and below, "
-        f"{SHM_MOUNT_PATH}): pick another mountPath",
+        f"{SHM_MOUNT_PATH}, {SOURCE_MOUNT_PATH}): pick another mountPath",
         cel=f"!has(self.volumeMounts) || self.volumeMounts.all(m, !({_MANAGED_MOUNT_CEL}))",
         check=lambda m: not any(_managed_mount(mount.mount_path) for mount in m.volume_mounts),
     ),
@@ -1562,6 +1748,15 @@ class RouterSpec(ApiModel):
         description="A Gateway API HTTPRoute to the router Service, from the Gateways it "
         "names (the Gateway API CRDs must be installed). Default: unset, no HTTPRoute.",
     )
+    prefill_routing: Annotated[PrefillRouting, Field(strict=False)] = Field(
+        PrefillRouting.AFFINITY,
+        description="How the router picks a turn's prefill replica. affinity: the replica of "
+        "the conversation's previous turn, whose prefix cache holds the conversation so far, "
+        "unless it is gone, unhealthy, draining or much busier than the least loaded one. "
+        "least-loaded: the least loaded replica, for a prefill without a prefix cache "
+        "(spec.prefill.prefixCaching: false), where returning to a replica buys nothing. "
+        "Changing it rolls the router pods only.",
+    )
     conversation_ttl_seconds: Annotated[int, Field(ge=1, le=86400)] | None = Field(
         None,
         description="How long the router keeps a conversation's KV metadata. Defaults to "
@@ -1766,6 +1961,8 @@ ROLE_SIGNALS: dict[str, tuple[AutoscalingSignal, ...]] = {
 class MonitoringSpec(ApiModel):
     """Prometheus Operator objects that scrape the model's pods."""
 
+    rules = (_reserved_labels_rule("labels", "labels"),)
+
     pod_monitors: bool = Field(
         False,
         description="Render a PodMonitor (monitoring.coreos.com/v1) each for prefill, decode "
@@ -1776,6 +1973,13 @@ class MonitoringSpec(ApiModel):
     )
     interval: Annotated[str, StringConstraints(pattern=r"^[0-9]+(ms|s|m|h)$", max_length=16)] = (
         Field("30s", description="Scrape interval of the PodMonitors.")
+    )
+    labels: PodLabels = Field(
+        default_factory=dict,
+        description="Extra labels of the PodMonitors, e.g. the one your Prometheus selects "
+        "them by (kube-prometheus-stack's default podMonitorSelector is "
+        "release: <its Helm release name>); app.kubernetes.io/ keys are the operator's. "
+        "Default: none.",
     )
 
 

@@ -10,12 +10,18 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import math
 from typing import Any
 
 import jinja2
 import yaml
 
 from disagg_contract import (
+    AWS_ACCESS_KEY_ID_ENV,
+    AWS_DEFAULT_REGION_ENV,
+    AWS_ENDPOINT_URL_ENV,
+    AWS_REGION_ENV,
+    AWS_SECRET_ACCESS_KEY_ENV,
     CLIENT_KEYS_DIR,
     ENGINE_API_KEY_ENV,
     ENGINE_KEY_DIR,
@@ -29,9 +35,13 @@ from disagg_contract import (
     POD_IP_ENV,
     ROUTER_API_KEY_ENV,
     ROUTER_REDIS_URL_ENV,
+    RUNAI_LOAD_FORMAT,
+    S3_SCHEME,
+    S3_VIRTUAL_ADDRESSING_ENV,
     SECRET_KEY_NAME,
     SIDE_CHANNEL_HOST_ENV,
     SIDE_CHANNEL_PORT_ENV,
+    SOURCE_MOUNT_PATH,
     PrefillRouting,
     Role,
 )
@@ -50,8 +60,11 @@ from disagg_operator.models import (
     ROUTER_MAX_CONCURRENT_REQUESTS,
     SHM_MOUNT_PATH,
     SHM_VOLUME,
+    SOURCE_VOLUME,
+    STARTUP_PROBE_PERIOD_SECONDS,
     AutoscalingSpec,
     DisaggregatedModelSpec,
+    ModelSpec,
     NetworkPeer,
     RedisUrlSecret,
     ResourceOverrides,
@@ -155,12 +168,22 @@ TEMPLATES = jinja2.Environment(
     undefined=jinja2.StrictUndefined,
     autoescape=False,
     keep_trailing_newline=True,
+    auto_reload=False,
 )
+"""The templates, loaded once: they are package data and never change while the operator runs
+(with jinja's default auto_reload every render would stat each template file again)."""
 TEMPLATES.filters["to_yaml"] = _to_yaml
+
+YAML_LOADER: type[yaml.SafeLoader] | type[yaml.CSafeLoader] = (
+    yaml.CSafeLoader if yaml.__with_libyaml__ else yaml.SafeLoader
+)
+"""PyYAML's safe loader in C (libyaml) where PyYAML was built with it, as its wheels are: parsing
+the rendered templates is most of a render, and the pure-Python loader is several times slower."""
 
 
 def _render(template: str, **values: Any) -> Manifest:
-    manifest: Manifest = yaml.safe_load(TEMPLATES.get_template(template).render(**values))
+    text = TEMPLATES.get_template(template).render(**values)
+    manifest: Manifest = yaml.load(text, Loader=YAML_LOADER)
     return manifest
 
 
@@ -214,7 +237,7 @@ def _vllm_args(
     model = spec.model
     args = [
         "--model",
-        model.name,
+        model.vllm_model,
         "--served-model-name",
         model.served_model_name,
         "--port",
@@ -226,6 +249,8 @@ def _vllm_args(
     ]
     if role.pipeline_parallel_size > 1:
         args += ["--pipeline-parallel-size", str(role.pipeline_parallel_size)]
+    if model.source_scheme == S3_SCHEME:
+        args += ["--load-format", RUNAI_LOAD_FORMAT]
     if model.revision is not None:
         args += ["--revision", model.revision]
     if model.max_model_len is not None:
@@ -296,6 +321,7 @@ def _engine_env(
     ]
     if spec.model.token_secret is not None:
         injected.append(_secret_env("HF_TOKEN", spec.model.token_secret))
+    injected += _s3_env(spec.model)
     engine_key = SecretKeyRef(name=child_name(name, Component.ENGINE_KEY), key=SECRET_KEY_NAME)
     injected.append(_secret_env(ENGINE_API_KEY_ENV, engine_key))
     injected.append({"name": OFFER_KEY_FILE_ENV, "value": OFFER_KEY_FILE})
@@ -311,6 +337,46 @@ def _engine_env(
     user = [var.model_dump(exclude_none=True) for var in role.env]
     user_names = {var.name for var in role.env}
     return [var for var in injected if var["name"] not in user_names] + user
+
+
+def _s3_env(model: ModelSpec) -> list[dict[str, Any]]:
+    """What the servers need to read an s3:// source: the endpoint (path-style addressing for
+    an S3-compatible server), the region and the access key of a Secret; none without `s3`
+    (AWS S3, with the ServiceAccount's credentials that IRSA or Pod Identity inject)."""
+    s3 = model.s3
+    if s3 is None:
+        return []
+    env: list[dict[str, Any]] = []
+    if s3.endpoint is not None:
+        env.append({"name": AWS_ENDPOINT_URL_ENV, "value": s3.endpoint})
+        env.append({"name": S3_VIRTUAL_ADDRESSING_ENV, "value": "0"})
+    if s3.region is not None:
+        env += [
+            {"name": var, "value": s3.region} for var in (AWS_REGION_ENV, AWS_DEFAULT_REGION_ENV)
+        ]
+    if s3.credentials_secret is not None:
+        key_id, secret_key = s3.credentials_secret.key_refs
+        env.append(_secret_env(AWS_ACCESS_KEY_ID_ENV, key_id))
+        env.append(_secret_env(AWS_SECRET_ACCESS_KEY_ENV, secret_key))
+    return env
+
+
+def _source_volumes(model: ModelSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """A pvc:// source's claim, as a read-only volume and its mount (none for other sources)."""
+    claim = model.source_claim
+    if claim is None:
+        return [], []
+    volume = {
+        "name": SOURCE_VOLUME,
+        "persistentVolumeClaim": {"claimName": claim[0], "readOnly": True},
+    }
+    return [volume], [_read_only(SOURCE_VOLUME, SOURCE_MOUNT_PATH)]
+
+
+def _startup_probe(model: ModelSpec) -> dict[str, Any]:
+    """/health asked every period until the model's startup budget is spent."""
+    failures = math.ceil(model.startup_budget / STARTUP_PROBE_PERIOD_SECONDS)
+    return _http_probe(period=STARTUP_PROBE_PERIOD_SECONDS, failures=failures)
 
 
 def _cache_volume(spec: DisaggregatedModelSpec) -> dict[str, Any]:
@@ -515,11 +581,13 @@ def _engine(
     ports = [{"name": ENGINE_PORT_NAME, "containerPort": ENGINE_PORT}, side_channel]
     if _declares_lease_port(spec, component):
         ports.append({"name": LEASE_PORT_NAME, "containerPort": LEASE_PORT})
+    source_volumes, source_mounts = _source_volumes(spec.model)
     volumes = [
         {"name": CONNECTOR_VOLUME, "configMap": {"name": child_name(name, Component.CONNECTOR)}},
         _secret_volume(OFFER_KEY_VOLUME, child_name(name, Component.OFFER_KEY)),
         _cache_volume(spec),
         {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory"}},
+        *source_volumes,
         *(volume.model_dump(exclude_defaults=True) for volume in role.volumes),
     ]
     mounts = [
@@ -527,6 +595,7 @@ def _engine(
         _read_only(OFFER_KEY_VOLUME, OFFER_KEY_DIR),
         {"name": CACHE_VOLUME, "mountPath": spec.model.cache_mount_path},
         {"name": SHM_VOLUME, "mountPath": SHM_MOUNT_PATH},
+        *source_mounts,
         *(mount.model_dump(exclude_defaults=True) for mount in role.volume_mounts),
     ]
     pod = {
@@ -555,7 +624,7 @@ def _engine(
         command=[*serve, *group, "--", *_vllm_args(spec, role, multi_node)],
         ports=ports,
         probes={
-            "startupProbe": _http_probe(period=10, failures=180),
+            "startupProbe": _startup_probe(spec.model),
             "readinessProbe": _http_probe(period=5, failures=3),
             "livenessProbe": _http_probe(period=10, failures=6),
         },
@@ -689,7 +758,7 @@ def _pod_monitors(name: str, namespace: str, spec: DisaggregatedModelSpec) -> li
                 "monitoring/podmonitor.yaml.j2",
                 name=child_name(name, component),
                 namespace=namespace,
-                labels=labels(name, component),
+                labels={**spec.monitoring.labels, **labels(name, component)},
                 selector=selector,
                 pod_target_labels=POD_TARGET_LABELS,
                 port=ENGINE_PORT_NAME,
@@ -871,12 +940,11 @@ def _http_route(common: dict[str, Any], router: RouterSpec) -> list[Manifest]:
 
 
 def _prefill_routing(spec: DisaggregatedModelSpec) -> list[str]:
-    """The router keeps a conversation on its prefill replica (its default) only when prefill
-    keeps a prefix cache; otherwise any prefill will do and the least loaded one is taken. The
-    default is left off the command, so that a model with prefix caching renders as before."""
-    if spec.prefill.prefix_caching:
+    """The router's prefill routing flag; its default (affinity) is left off the command, so
+    that a model that keeps it renders the router as releases before the field did."""
+    if spec.router.prefill_routing is PrefillRouting.AFFINITY:
         return []
-    return ["--prefill-routing", PrefillRouting.LEAST_LOADED.value]
+    return ["--prefill-routing", spec.router.prefill_routing.value]
 
 
 def render(name: str, namespace: str, spec: DisaggregatedModelSpec) -> list[Manifest]:

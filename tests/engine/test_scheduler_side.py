@@ -129,6 +129,8 @@ class Engine:
 
     scheduler: Scheduler
     counted: list[str] = field(default_factory=list)
+    batched: set[str] = field(default_factory=set)
+    """The requests vLLM told its worker to track for sending (each step's ``reqs_in_batch``)."""
 
     @property
     def side(self) -> DisaggConnectorScheduler:
@@ -190,6 +192,7 @@ def drive(engine: Engine, req: Request) -> tuple[dict[str, Any] | None, list[Any
         meta = out.kv_connector_metadata
         recv = dict(meta.reqs_to_recv) if meta is not None else {}
         reads.extend(recv.values())
+        engine.batched.update(meta.reqs_in_batch if meta is not None else ())
         scheduled = list(out.num_scheduled_tokens)
         output = ModelRunnerOutput(
             req_ids=scheduled,
@@ -393,6 +396,28 @@ def test_a_request_waiting_for_its_claim_frees_no_retained_kv(
     assert retainer.table.renew(d2p["remote_request_id"], d2p[OFFER_KEY]["id"]), (
         "turn 1's retention was released while a claim was out"
     )
+
+
+def test_a_decode_turn_served_as_a_recompute_hands_its_retained_kv_to_the_worker(
+    pair: Pair,
+) -> None:
+    """A refused P->D offer (here a replayed one) makes the turn a recompute on decode, whose KV
+    is still retained and offered for the next turn: vLLM's worker must track the request, or it
+    ignores the blocks' send deadline and never reports them sent, so they are never freed (not
+    even for live requests) and a read back of them is reported as unrecognized."""
+    prefill, decode = pair
+    other = list(range(600, 660))
+    p2d, _ = drive(prefill, request(other, prefill_params(None), 1))
+    assert p2d is not None
+    turn = {**copy.deepcopy(p2d), RETAIN_KEY: True}
+    _, reads = drive(decode, request(other, copy.deepcopy(turn), len(ANSWER)))
+    assert len(reads) == 1
+    decode.verdicts()
+    replay = request(other, copy.deepcopy(turn), len(ANSWER))
+    d2p, reads = drive(decode, replay)
+    assert reads == [] and decode.verdicts() == ["prefill_to_decode:replayed"]
+    assert d2p is not None and d2p["do_remote_decode"] is True, "retained and offered"
+    assert replay.request_id in decode.batched, "the worker never tracks the retained blocks"
 
 
 @pytest.mark.parametrize("skew_s", [-120.0, 120.0])

@@ -773,10 +773,59 @@ INVALID_SPECS = [
         cross_field=True,
     ),
     InvalidSpec(
+        "pod-monitor-label-overrides-selector",
+        {"monitoring": {"podMonitors": True, "labels": {"app.kubernetes.io/instance": "x"}}},
+        "spec.monitoring.labels",
+        cross_field=True,
+    ),
+    InvalidSpec(
         "router-pod-annotation-operator-key",
         {"router": {"podAnnotations": {"disagg.dev/x": "y"}}},
         "spec.router.podAnnotations",
         cross_field=True,
+    ),
+    InvalidSpec(
+        "model-source-unknown-scheme",
+        {"model": {"source": "gs://models/qwen3"}},
+        "spec.model.source",
+        cross_field=True,
+        says="must be hf://<org>/<model> (a Hugging Face id), s3://<bucket>/<prefix>",
+    ),
+    InvalidSpec(
+        "model-source-bucket-uppercase",
+        {"model": {"source": "s3://Models/qwen3"}},
+        "spec.model.source",
+        cross_field=True,
+        says="must be hf://<org>/<model>",
+    ),
+    InvalidSpec(
+        "model-s3-without-an-s3-source",
+        {"model": {"source": "pvc://weights/qwen3", "s3": {"region": "us-east-1"}}},
+        "spec.model.s3",
+        cross_field=True,
+        says="applies only to an s3:// source",
+    ),
+    InvalidSpec(
+        "model-s3-endpoint-not-a-url",
+        {"model": {"source": "s3://models/qwen3", "s3": {"endpoint": "minio:9000"}}},
+        "spec.model.s3.endpoint",
+    ),
+    InvalidSpec(
+        "model-startup-budget-too-short",
+        {"model": {"startupBudgetSeconds": 59}},
+        "spec.model.startupBudgetSeconds",
+    ),
+    InvalidSpec(
+        "mount-over-the-model-source",
+        {
+            "prefill": {
+                "volumes": [{"name": "mine", "emptyDir": {}}],
+                "volumeMounts": [{"name": "mine", "mountPath": "/model-source"}],
+            }
+        },
+        "spec.prefill.volumeMounts",
+        cross_field=True,
+        says="must not mount at a path the operator mounts",
     ),
     InvalidSpec(
         "volume-named-like-the-operators",

@@ -176,6 +176,24 @@ def _router_tenants() -> st.SearchStrategy[dict[str, Any]]:
     )
 
 
+SOURCES = [
+    "hf://Qwen/Qwen3-32B",
+    "hf://gpt2",
+    "hf://a/b/c",
+    "s3://models/qwen3/32b",
+    "s3://models",
+    "s3://Models/x",
+    "s3://m/x",
+    "pvc://weights/qwen3",
+    "pvc://weights",
+    "pvc://Weights/x",
+    "gs://models/x",
+    "/models/x",
+    "",
+]
+"""Model sources around the URI rule: each scheme's accepted forms and near misses."""
+
+
 SPEC_PATCHES = st.fixed_dictionaries(
     {},
     optional={
@@ -183,6 +201,10 @@ SPEC_PATCHES = st.fixed_dictionaries(
             {},
             optional={
                 "maxModelLen": st.sampled_from([8, 16, 64, 65, 1024]),
+                "source": st.sampled_from(SOURCES),
+                "s3": st.sampled_from([{}, {"endpoint": "http://10.0.0.1:7070", "region": "x"}]),
+                "startupBudgetSeconds": st.sampled_from([59, 60, 86400, 86401]),
+                "weightsSize": st.sampled_from(["750Gi", "1.5T", "-1", 0]),
                 "cache": st.fixed_dictionaries(
                     {},
                     optional={

@@ -120,6 +120,7 @@ def test_catalogue_is_large_and_covers_every_cross_field_rule() -> None:
         "spec.router.tenants.overrides",
         "spec.decode.podAnnotations",
         "spec.router.podLabels",
+        "spec.monitoring.labels",
         "spec.router.podAnnotations",
         "spec.prefill.volumes",
         "spec.decode.volumes",

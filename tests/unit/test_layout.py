@@ -31,8 +31,9 @@ PACKAGES = {
 }
 EXTRA = {"disagg_router": "router", "disagg_operator": "operator", "disagg": "bench"}
 """The pyproject extra that is each package's image (the tools package's: `disagg bench`)."""
-SERVING_IMPORTS = {"vllm", "torch", "typing_extensions", "nixl"}
-"""What the connector may import inside the serving image: vLLM and what vLLM itself brings."""
+SERVING_IMPORTS = {"vllm", "torch", "typing_extensions", "nixl", "boto3", "botocore"}
+"""What the connector may import inside the serving image: vLLM and what vLLM itself brings,
+and boto3 (the Run:ai streamer's S3 dependency, for the launcher's weights check)."""
 VLLM_MODULES = {"connector", "scheduler", "stats"}
 """The connector modules that subclass vLLM's classes and so import only inside vLLM."""
 

@@ -177,9 +177,12 @@ def test_targets_are_plain_decimals(value: float, text: str) -> None:
 
 def test_pod_monitors_only_on_request() -> None:
     assert not [key for key in objects({}) if key.startswith("PodMonitor/")]
-    children = objects({"monitoring": {"podMonitors": True, "interval": "15s"}})
+    stock = {"release": "kube-prometheus-stack"}
+    children = objects({"monitoring": {"podMonitors": True, "interval": "15s", "labels": stock}})
     for component in ("prefill", "decode", "router"):
         monitor = children[f"PodMonitor/{NAME}-{component}"]
+        assert monitor["metadata"]["labels"].items() >= stock.items()
+        assert monitor["metadata"]["labels"]["app.kubernetes.io/component"] == component
         spec = monitor["spec"]
         assert spec["selector"]["matchLabels"] == {
             "app.kubernetes.io/name": "disagg",

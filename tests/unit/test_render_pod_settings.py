@@ -13,7 +13,7 @@ import pytest
 
 from disagg_operator.errors import SpecError
 from disagg_operator.loading import load_resource, load_spec
-from disagg_operator.models import MANAGED_VOLUMES
+from disagg_operator.models import POD_VOLUMES
 from disagg_operator.names import CONFIG_HASH_ANNOTATION, selector_labels
 from disagg_operator.render import render
 from dmodel_samples import EXAMPLES, load_example, patched, spec_with
@@ -108,7 +108,7 @@ def test_role_pods_carry_the_roles_settings() -> None:
         },
     ]
     volumes = {volume["name"]: volume for volume in pod["volumes"]}
-    assert list(volumes)[: len(MANAGED_VOLUMES)] == list(MANAGED_VOLUMES)
+    assert list(volumes)[: len(POD_VOLUMES)] == list(POD_VOLUMES)
     assert volumes["aws-secrets"]["csi"] == {
         "driver": "secrets-store.csi.k8s.io",
         "readOnly": True,
@@ -120,7 +120,7 @@ def test_role_pods_carry_the_roles_settings() -> None:
     }
     assert volumes["scratch"] == {"name": "scratch", "emptyDir": {"sizeLimit": "10Gi"}}
     (container,) = pod["containers"]
-    mounts = container["volumeMounts"][len(MANAGED_VOLUMES) :]
+    mounts = container["volumeMounts"][len(POD_VOLUMES) :]
     assert mounts == [
         {"name": "aws-secrets", "mountPath": "/mnt/secrets", "readOnly": True},
         {"name": "shared-weights", "mountPath": "/fsx", "subPath": "qwen"},
@@ -195,7 +195,7 @@ def test_a_spec_without_the_settings_adds_no_key_to_any_pod(path: Path) -> None:
             assert "annotations" not in template["metadata"]
         else:
             assert "serviceAccountName" not in pod
-            assert [volume["name"] for volume in pod["volumes"]] == list(MANAGED_VOLUMES)
+            assert [volume["name"] for volume in pod["volumes"]] == list(POD_VOLUMES)
             assert list(template["metadata"]["annotations"]) == [CONFIG_HASH_ANNOTATION]
 
 
@@ -232,7 +232,8 @@ def test_pods_with_every_setting_validate_against_kubernetes_schema() -> None:
         (
             {"prefill": {"volumes": [{"name": "model-cache", "emptyDir": {}}]}},
             "spec.prefill.volumes: must not use a volume name the operator gives every pod "
-            "(connector-config, offer-key, model-cache, dshm): pick another name: refused "
+            "(connector-config, offer-key, model-cache, dshm, model-source): pick another name: "
+            "refused "
             "model-cache",
         ),
         (

@@ -2,11 +2,6 @@
 example the previous release shipped, rendered by its own sources (`disagg render` from the
 archived tree) and by this checkout's, gives the same children, so the new operator's apply
 changes nothing and rolls no pod.
-
-One difference is known and announced (docs/upgrades.md): a model whose prefill keeps no
-prefix cache gets `--prefill-routing least-loaded` on its router, which rolls the router pods
-(never an engine pod) once after the upgrade. The test removes exactly those two arguments
-from such a router, after checking they are there, and requires everything else to be equal.
 """
 
 from __future__ import annotations
@@ -17,11 +12,9 @@ from typing import Any
 import pytest
 import yaml
 
-from disagg_contract import PrefillRouting
 from previous_release import archive, files, imported_from, run_disagg
 
 ENGINE_KINDS = ("StatefulSet", "LeaderWorkerSet")
-ROUTER_FLAG = ["--prefill-routing", PrefillRouting.LEAST_LOADED.value]
 EXAMPLES = [p for p in files(Path("examples")) if p.suffix == ".yaml"]
 
 
@@ -39,18 +32,6 @@ def _children(tree: Path | None, example: Path) -> dict[str, dict[str, Any]]:
     return {f"{d['kind']}/{d['metadata']['name']}": d for d in docs}
 
 
-def _without_announced_flag(model: dict[str, Any], child: dict[str, Any]) -> dict[str, Any]:
-    """The router Deployment less the announced `--prefill-routing least-loaded` (checked)."""
-    if child["kind"] != "Deployment" or model["spec"]["prefill"].get("prefixCaching") is not False:
-        return child
-    (container,) = child["spec"]["template"]["spec"]["containers"]
-    command: list[str] = container["command"]
-    at = [i for i in range(len(command)) if command[i : i + 2] == ROUTER_FLAG]
-    assert len(at) == 1, f"the router's command lacks {ROUTER_FLAG}: {command}"
-    container["command"] = command[: at[0]] + command[at[0] + 2 :]
-    return child
-
-
 def test_the_previous_release_shipped_examples() -> None:
     assert EXAMPLES, "no example to upgrade"
 
@@ -58,10 +39,9 @@ def test_the_previous_release_shipped_examples() -> None:
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda path: path.stem)
 def test_previous_examples_render_the_same_children(previous: Path, path: Path) -> None:
     example = previous / path
-    model = yaml.safe_load(example.read_text())
     before = _children(previous, example)
     after = _children(None, example)
     assert sorted(after) == sorted(before)
     assert [k for k in before if k.split("/")[0] in ENGINE_KINDS], "no engine workload"
     for key, was in before.items():
-        assert _without_announced_flag(model, after[key]) == was, f"{key} renders differently"
+        assert after[key] == was, f"{key} renders differently"

@@ -37,24 +37,21 @@ def test_rendered_router_command_is_a_valid_router_config(example: Path) -> None
         assert config.namespace == namespace
         assert config.conversation_ttl_s == model.spec.conversation_ttl_seconds
         assert config.shutdown_timeout_s == model.spec.router.shutdown_timeout_seconds
-        affinity = model.spec.prefill.prefix_caching
-        routing = PrefillRouting.AFFINITY if affinity else PrefillRouting.LEAST_LOADED
-        assert config.prefill_routing is routing
+        assert config.prefill_routing is model.spec.router.prefill_routing
         probe = container["readinessProbe"]["httpGet"]
         assert (probe["path"], probe["port"]) == ("/health", config.port_name)
 
 
-@pytest.mark.parametrize("prefix_caching", [True, False])
-def test_the_router_keeps_conversations_on_their_prefill_only_where_it_caches_prefixes(
-    prefix_caching: bool,
-) -> None:
-    spec = load_spec(spec_with({"prefill": {"prefixCaching": prefix_caching}}))
+@pytest.mark.parametrize("routing", [None, *PrefillRouting])
+def test_the_router_routes_prefill_as_the_spec_says(routing: PrefillRouting | None) -> None:
+    router = {} if routing is None else {"prefillRouting": str(routing)}
+    spec = load_spec(spec_with({"router": router}))
     (deployment,) = [m for m in render("m", "ns", spec) if m["kind"] == "Deployment"]
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
     config = config_from_args(build_parser().parse_args(container["command"][1:]))
-    expected = PrefillRouting.AFFINITY if prefix_caching else PrefillRouting.LEAST_LOADED
-    assert config.prefill_routing is expected
-    assert ("--prefill-routing" in container["command"]) is not prefix_caching
+    assert config.prefill_routing is (routing or PrefillRouting.AFFINITY)
+    # The default stays off the command: a model that keeps it renders as before the field.
+    assert ("--prefill-routing" in container["command"]) is (routing is PrefillRouting.LEAST_LOADED)
 
 
 def test_rendered_tenant_bounds_are_the_ones_the_router_enforces(tmp_path: Path) -> None:

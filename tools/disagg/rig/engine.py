@@ -56,7 +56,8 @@ LEASE_PORT_OFFSET = 2000
 LIBFABRIC_CPU_LIB = CACHE / "libfabric-cpu" / "lib"
 """What NIXL's LIBFABRIC plugin links and this CPU host lacks, as tests/engine/setup_env.sh puts
 it there: libhwloc.so.15 (Debian's), a libcuda.so.1 stand-in whose calls report no device (the
-plugin calls CUDA only for VRAM), and a libfabric.so.1 when the setup was given one new enough."""
+plugin calls CUDA only for VRAM), and the libfabric.so.1 the serving image ships (NIXL's 0.6.1
+wheel's) or the one the setup was given."""
 LIBFABRIC_PROVIDER = "tcp"
 """libfabric's provider for the rig: EFA's code path in NIXL, over TCP sockets. It listens on the
 first interface but loopback (NIXL cannot open a rail on ``lo``: its listen socket fails), or on
