@@ -48,9 +48,13 @@ if [[ ! -f "$NIXL_STAMP" ]]; then
     touch "$NIXL_STAMP"
 fi
 
-# libfaketime: the restart-replay test runs a decode whose wall clock is skewed (Debian's package).
-if [[ ! -e /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 ]]; then
-    apt-get update -qq && apt-get install -y -qq libfaketime >/dev/null
+# Debian's packages the engine tests run: libfaketime (the restart-replay test skews an engine's
+# wall clock) and iptables (the read-failure test drops a decode's lease port in its namespace).
+DEBIAN_PACKAGES=()
+[[ -e /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 ]] || DEBIAN_PACKAGES+=(libfaketime)
+command -v iptables >/dev/null || DEBIAN_PACKAGES+=(iptables)
+if ((${#DEBIAN_PACKAGES[@]})); then
+    apt-get update -qq && apt-get install -y -qq "${DEBIAN_PACKAGES[@]}" >/dev/null
 fi
 
 # NIXL's LIBFABRIC plugin (make test-engine-libfabric) links libfabric.so.1, libhwloc.so.15,
