@@ -1,28 +1,43 @@
 """Offers replayed across a restart of their reader or their issuer, with skewed clocks (issue 28).
 
 Decode's wall clock runs 120 s ahead of, or behind, prefill's (libfaketime on the decode
-process). A conversation's turn is read back once; then the
-same offer is replayed straight to prefill after prefill restarted (a new incarnation, whose
-table of spent offers is empty), and again after decode restarted (the retention is gone with
-the old process). Each replay must be refused and answered as a recompute, whatever the skew:
-prefill compares none of decode's times with its own; decode's claim decides, on decode's clock.
+process), so each direction is checked with its issuer's clock both ahead of and behind its
+reader's. One honest read is made each way: prefill reads back decode's KV of a conversation
+(D->P) and decode reads prefill's KV of a prompt (P->D). Decode then restarts: an offer it made
+before is refused (the issuer's retention went with it), and prefill's offer that the old decode
+read is refused when replayed to the new one (a new incarnation, whose table of spent offers is
+empty). Prefill restarts next, the same two cases the other way round. Each replay must be
+answered as a recompute: neither reader compares the issuer's times with its own; the issuer's
+claim decides, on the issuer's clock. One restart of each engine covers both directions.
 """
 
 from __future__ import annotations
 
+import copy
 import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from transformers import PreTrainedTokenizerBase
 
 from conftest import DECODE_CORE, MODEL_DIR, PREFILL_CORE, Rig
 from conversations import tokenizer, user_text
 from disagg.rig.engine import EngineServer, ServerSpec, start_all
 from disagg_contract import Role
+from disagg_router.payloads import prefill_params
 from driver import Conversation, PDDriver
-from test_hostile_offers import as_sent_to_prefill, ask_prefill, assert_recompute
+from test_hostile_offers import (
+    P2D,
+    Answer,
+    as_sent_to_prefill,
+    ask_prefill,
+    assert_recompute,
+    completion,
+    offers,
+    wait_counted,
+)
 
 pytestmark = pytest.mark.engine
 
@@ -72,10 +87,33 @@ def restart(server: EngineServer) -> None:
     start_all([server])
 
 
-def replay_is_refused(
-    prefill: EngineServer, history: list[int], offer: dict[str, Any], rig: Rig
-) -> None:
-    """The offer sent again to prefill: answered as a recompute, its claim refused."""
+def read_back(
+    driver: PDDriver, prefill: EngineServer, first: list[int], follow: list[int]
+) -> tuple[list[int], Any]:
+    """A conversation whose second turn reads decode's KV of the first: its history and the
+    offer prefill read (spent from then on)."""
+    conversation = Conversation()
+    driver.token_turn(conversation, first, ANSWER_TOKENS)
+    offer = conversation.offer
+    assert offer is not None
+    history = [*first, *conversation.turns[0].token_ids, *follow]
+    before = len(prefill.log_text())
+    driver.token_turn(conversation, history, ANSWER_TOKENS)
+    read = re.search(r"D->P reuse for \S+: reading (\d+) tokens", prefill.log_text()[before:])
+    assert read is not None and int(read.group(1)) > 0, "the honest turn read decode's KV"
+    return history, offer
+
+
+def decode_offer(driver: PDDriver, first: list[int]) -> Any:
+    """Decode's offer of a first turn that nobody read yet."""
+    conversation = Conversation()
+    driver.token_turn(conversation, first, ANSWER_TOKENS)
+    assert conversation.offer is not None
+    return conversation.offer
+
+
+def replay_to_prefill(prefill: EngineServer, history: list[int], offer: Any, rig: Rig) -> None:
+    """Decode's offer sent again to prefill: answered as a recompute, its claim refused."""
     recompute = ask_prefill(rig.off.prefill, history, None)
     before = len(prefill.log_text())
     assert_recompute(ask_prefill(prefill, history, as_sent_to_prefill(offer)), recompute, "replay")
@@ -84,31 +122,51 @@ def replay_is_refused(
     assert "D->P reuse" not in log or re.search(r"reading 0 tokens", log), log[-2000:]
 
 
+def prefill_offer(prefill: EngineServer, prompt: list[int]) -> dict[str, object]:
+    """Prefill's signed offer of ``prompt``'s KV, as the router gets it."""
+    params: dict[str, object] = completion(prefill, prompt, prefill_params(None), max_tokens=1)[
+        "kv_transfer_params"
+    ]
+    return params
+
+
+def read_by_decode(
+    decode: EngineServer, prompt: list[int], offer: dict[str, object], verdict: str
+) -> Answer:
+    """Decode's answer to ``prompt`` with ``offer``, once its verdict on the offer is counted."""
+    before = offers(decode, verdict, P2D)
+    answer = ask_prefill(decode, prompt, copy.deepcopy(offer))
+    wait_counted(decode, verdict, P2D, before)
+    return answer
+
+
 @pytest.mark.parametrize("skew", ["ahead", "behind"])
-def test_a_replay_after_either_engine_restarted_is_refused_whatever_the_skew(
+def test_an_offer_replayed_after_either_engine_restarted_is_refused_whatever_the_skew(
     rig: Rig, servers: tuple[EngineServer, dict[str, EngineServer]], skew: str
 ) -> None:
     prefill, decodes = servers
     decode = decodes[skew]
-    tok = tokenizer(MODEL_DIR)
+    tok: PreTrainedTokenizerBase = tokenizer(MODEL_DIR)
     driver = PDDriver(prefill.url, decode.url)
-    conversation = Conversation()
     first = tok.encode(user_text(980 if skew == "ahead" else 990, 300))
-    driver.token_turn(conversation, first, ANSWER_TOKENS)
-    offer = conversation.offer
-    assert offer is not None
-    history = [*first, *conversation.turns[0].token_ids, *tok.encode(user_text(981, 30))]
-    before = len(prefill.log_text())
-    driver.token_turn(conversation, history, ANSWER_TOKENS)
-    read = re.search(r"D->P reuse for \S+: reading (\d+) tokens", prefill.log_text()[before:])
-    assert read is not None and int(read.group(1)) > 0, "the honest turn read decode's KV"
+    follow = tok.encode(user_text(981, 30))
+    prompt = tok.encode(user_text(960 if skew == "ahead" else 965, 300))
+    recompute = ask_prefill(rig.off.decode, prompt, None)
 
-    restart(prefill)  # the reader restarts: its spent offers are gone
-    replay_is_refused(prefill, history, offer, rig)
+    history, _ = read_back(driver, prefill, first, follow)
+    p2d = prefill_offer(prefill, prompt)
+    honest = read_by_decode(decode, prompt, p2d, "verified")
+    assert_recompute(honest, recompute, "the honest P->D read, whatever decode's clock says")
+    unread = decode_offer(driver, first)
 
-    # A fresh offer, then the issuer restarts: the retention went with it.
-    again = Conversation()
-    driver.token_turn(again, first, ANSWER_TOKENS)
-    assert again.offer is not None
-    restart(decode)
-    replay_is_refused(prefill, history, again.offer, rig)
+    restart(decode)  # D->P: the issuer's retention is gone; P->D: the reader's spent offers
+    replay_to_prefill(prefill, history, unread, rig)
+    replay = read_by_decode(decode, prompt, p2d, "unclaimed")
+    assert_recompute(replay, recompute, "a P->D offer replayed to a restarted decode")
+
+    history, spent = read_back(driver, prefill, first, follow)
+    fresh = prefill_offer(prefill, prompt)
+    restart(prefill)  # D->P: the reader's spent offers are gone; P->D: the issuer's blocks
+    replay_to_prefill(prefill, history, spent, rig)
+    replay = read_by_decode(decode, prompt, fresh, "unclaimed")
+    assert_recompute(replay, recompute, "a P->D offer of a restarted prefill")
