@@ -1,7 +1,7 @@
 """Session-scoped engine rig: the model, then the bidirectional (ON) and baseline (OFF) pairs.
 
 Prefill servers share core 0 and decode servers core 1. Servers stay up for the session;
-tests that need another decode config (short TTL, no 2-core hooks) start one more decode.
+tests that need another decode config (short TTL, a key) start one more decode.
 Tests that take the ``on_pair`` fixture run over each NIXL backend ``DISAGG_ENGINE_BACKENDS``
 names: the rig's ON pair (UCX), or an ON pair over LIBFABRIC with libfabric's tcp provider,
 which each such module starts.

@@ -1,23 +1,19 @@
 """How the engines fit two cores: decode's idle CPU while it retains a finished turn's KV,
 against bidirectional off, and each engine computing on the core it was given.
 
-Figures go to ``$DISAGG_CACHE/engine-idle-cpu.json`` and the test output. ``decode-stock``
-runs without our 2-core settings (NIXL's spinning progress thread, 1 ms idle engine steps)
-to show what they save; it is measured, not asserted on.
+Figures go to ``$DISAGG_CACHE/engine-idle-cpu.json`` and the test output.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 
 import psutil
 import pytest
 
 from conftest import DECODE_CORE, MODEL_DIR, PREFILL_CORE, Rig
 from conversations import ANSWER_TOKENS, tokenizer, user_text
-from disagg.rig.engine import CACHE, EngineServer, ServerSpec, start_all
-from disagg_contract import Role
+from disagg.rig.engine import CACHE
 from driver import Conversation, PDDriver
 from probes import idle_cpu_percent
 
@@ -27,15 +23,6 @@ RETAINED_TURNS = 3
 pytestmark = pytest.mark.engine
 
 
-@pytest.fixture(scope="module")
-def stock_decode(rig: Rig) -> Iterator[EngineServer]:
-    spec = ServerSpec("decode-stock", Role.DECODE, 18203, 15605, DECODE_CORE, hooks=False)
-    server = rig.decode_server(spec)
-    start_all([server])
-    yield server
-    server.stop()
-
-
 def retain_turns(driver: PDDriver) -> None:
     """Leave decode holding a few finished turns' KV (bidirectional on) or none (off)."""
     tok = tokenizer(MODEL_DIR)
@@ -43,16 +30,11 @@ def retain_turns(driver: PDDriver) -> None:
         driver.token_turn(Conversation(), tok.encode(user_text(90 + seed, 200)), ANSWER_TOKENS)
 
 
-def test_decode_idle_cpu_with_retained_blocks(rig: Rig, stock_decode: EngineServer) -> None:
+def test_decode_idle_cpu_with_retained_blocks(rig: Rig) -> None:
     figures: dict[str, float] = {}
     for name, driver, server in (
         ("decode_bidir_on", rig.on.driver(), rig.on.decode),
         ("decode_bidir_off", rig.off.driver(), rig.off.decode),
-        (
-            "decode_bidir_on_stock_settings",
-            PDDriver(rig.on.prefill.url, stock_decode.url),
-            stock_decode,
-        ),
     ):
         retain_turns(driver)
         figures[name] = round(idle_cpu_percent(server, IDLE_SECONDS), 1)

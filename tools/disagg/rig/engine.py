@@ -86,7 +86,6 @@ class ServerSpec:
     ttl_s: int = 480
     threshold: int = 200
     connector: str = CONNECTOR_CLASS
-    hooks: bool = True
     lease_term_s: float | None = None
     """Decode's lease term (None: retentions live until read or the TTL, the fixed timer)."""
     read_decision: ReadDecision = ReadDecision.THRESHOLD
@@ -208,11 +207,7 @@ class EngineServer:
             env.update(libfabric_env(env))
         env.update(self.env)
         env.pop("VIRTUAL_ENV", None)
-        if self.spec.hooks:
-            env.update(HOOK_ENV)
-        else:
-            for name in HOOK_ENV:
-                env.pop(name, None)
+        env.update(HOOK_ENV)
         return env
 
     def start(self) -> None:
