@@ -9,6 +9,14 @@ source "$(dirname "${BASH_SOURCE[0]}")/node/heavy-lock.sh"
 # file_key FILE: the short digest a build key names an input file by.
 file_key() { sha256sum "$1" | cut -c1-12; }
 
+# prometheus_ldflags VERSION: the -ldflags of a Prometheus project's binary, its
+# github.com/prometheus/common/version fields set as an upstream release sets them.
+prometheus_ldflags() {
+    local common=github.com/prometheus/common/version
+    echo "-s -w -X $common.Version=$1 -X $common.Revision= -X $common.Branch=HEAD" \
+        "-X $common.BuildUser=disagg -X $common.BuildDate="
+}
+
 # exit_if_built TOOL DIR KEY ENTRY...: end the calling build when DIR was built for KEY and
 # holds every ENTRY.
 exit_if_built() {

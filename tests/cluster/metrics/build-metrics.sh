@@ -7,9 +7,7 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 source "$CLUSTER_SRC/go-build.sh"
 
-common=github.com/prometheus/common/version
-prom_ldflags="-s -w -X $common.Version=$PROMETHEUS_VERSION -X $common.Revision="
-prom_ldflags+=" -X $common.Branch=HEAD -X $common.BuildUser=disagg -X $common.BuildDate="
+prom_ldflags=$(prometheus_ldflags "$PROMETHEUS_VERSION")
 prom_tags=remove_all_sd,enable_kubernetes_sd
 adapter_ldflags="-s -w"
 

@@ -7,9 +7,7 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 source "$CLUSTER_SRC/go-build.sh"
 
-version=github.com/prometheus/common/version
-ldflags="-s -w -X $version.Version=${PROMETHEUS_OPERATOR_VERSION#v} -X $version.Revision="
-ldflags+=" -X $version.Branch=HEAD -X $version.BuildUser=disagg -X $version.BuildDate="
+ldflags=$(prometheus_ldflags "${PROMETHEUS_OPERATOR_VERSION#v}")
 
 key="prometheus-operator=$PROMETHEUS_OPERATOR_VERSION"
 key+=" go.sum=$(file_key "$PROMETHEUS_OPERATOR_GO/go.sum") ldflags=$(file_key - <<<"$ldflags")"
