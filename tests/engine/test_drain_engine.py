@@ -6,8 +6,11 @@ pod gets SIGTERM (as the kubelet sends it after the preStop wait), with vLLM's d
 (``--shutdown-timeout``) as the operator renders it:
 
 - the stream in flight finishes, with the answer bidirectional off gives;
-- decode releases its retained KV at once (the connector logs it), so vLLM exits as soon as its
-  requests are done, long before its shutdown timeout or any lease term;
+- the leaving decode's retained KV is released at once, so vLLM exits as soon as its requests
+  are done, long before its shutdown timeout: by the router (its next renewal pass releases the
+  leases held on a draining decode) or by decode itself (SIGTERM: the connector logs what it
+  releases), whichever comes first; the race between them is real (a renewal pass falls inside
+  the preStop wait or not), so the test counts both;
 - every conversation whose KV was on the leaving decode moves on its next turn to the other
   decode and recomputes (no D->P read), the others keep reading back, every answer equals
   bidirectional off, and no client sees an error.
@@ -128,7 +131,13 @@ def test_a_decode_leaving_mid_conversation_finishes_its_stream_and_its_conversat
         exited_s = time.monotonic() - signalled
         assert exited_s < EXIT_WITHIN_S, f"the leaving decode took {exited_s:.0f} s to exit"
         released = RELEASED.search(leaving.log_text())
-        assert released and int(released.group(1)) >= 1, "decode released no retained KV"
+        assert released, "the leaving decode never released its retentions at shutdown"
+        drained = metric(router, "disagg_router_lease_releases_total", reason="drained")
+        # One renewal pass releases all of them, so one path or the other released every one.
+        assert max(int(released.group(1)), drained) >= len(moved) - 1, (
+            f"retentions released at once: {released.group(1)} by decode at SIGTERM, "
+            f"{drained:.0f} by the router (drained); conversations moved: {len(moved)}"
+        )
 
         # Every conversation's next turn: those on the leaving decode recompute on the other.
         reads: dict[int, int] = {}
