@@ -38,13 +38,18 @@ def test_late_turn_recomputes_without_client_error(
     prompts = [tok.encode(user_text(70 + i, 320 if i == 0 else 40)) for i in range(3)]
     conversation, off_conversation = Conversation(), Conversation()
     history: list[int] = []
+    histories: list[list[int]] = []
     for index, addition in enumerate(prompts):
         if index:
             history = history + conversation.turns[-1].token_ids
         if index == 2:
             time.sleep(TTL_S + 1)
         history = history + addition
+        histories.append(history)
         driver.token_turn(conversation, history, ANSWER_TOKENS)
+    # Bidirectional off answers the same histories afterwards: the in-time turn's window within
+    # the TTL holds nothing else.
+    for history in histories:
         off_driver.token_turn(off_conversation, history, ANSWER_TOKENS)
     assert_same_answers(conversation.turns, off_conversation.turns)
 

@@ -42,8 +42,9 @@ SHUTDOWN_TIMEOUT_S = 120
 """vLLM's drain: longer than the retentions' lease term, so only their release ends it early."""
 EXIT_WITHIN_S = 60.0
 """The leaving decode exits this soon after SIGTERM: its stream's end plus vLLM's teardown."""
-LONG_ANSWER_TOKENS = 400
-"""The streamed turn's answer: long enough to be generating through the preStop wait."""
+LONG_ANSWER_TOKENS = 1000
+"""The streamed turn's answer: long enough to be generating through the preStop wait and the
+SIGTERM after it (the next turns still fit in the model's length)."""
 PRESTOP_S = 1.0
 """The rig's preStop wait between the endpoint turning terminating and SIGTERM (5 s rendered)."""
 SUCCESSES = "vllm:request_success_total"

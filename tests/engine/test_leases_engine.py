@@ -115,6 +115,14 @@ def claims(decode: EngineServer, outcome: str) -> float:
     return sample(decode, CLAIMS, outcome=outcome)
 
 
+def granted_since(decode: EngineServer, before: float) -> bool:
+    """Whether decode granted a claim since its count was ``before``. Decode counts its answers
+    at engine steps, so a one-token request first makes an idle decode step."""
+    body = {"model": MODEL_NAME, "prompt": [1, 2, 3], "max_tokens": 1, "temperature": 0.0}
+    httpx.post(decode.url + "/v1/completions", json=body, timeout=30).raise_for_status()
+    return claims(decode, "granted") > before
+
+
 def wait_for(condition: Any, timeout_s: float, what: str) -> None:
     deadline = time.monotonic() + timeout_s
     while not condition():
@@ -171,6 +179,12 @@ def test_release_while_prefill_retries_its_allocation_is_a_recompute(
             lambda: replica.log_text().count("D->P offer for") > offers_before,
             30,
             "the second turn never reached prefill's scheduler",
+        )
+        # Prefill logs the offer before its claim goes out: release only once decode granted it.
+        wait_for(
+            lambda: granted_since(on_pair.decode, granted_before),
+            10,
+            "decode never granted the first attempt's claim",
         )
         release(on_pair.decode, start.offer)
         assert blocker.running(), "the blocking request ended before the release"
@@ -255,7 +269,9 @@ def test_an_offer_replayed_to_another_prefill_replica_is_read_once(
     replayed = thief.token_turn(Conversation(offer=dict(fresh)), later, ANSWER_TOKENS)
     off.token_turn(off_conversation, later, ANSWER_TOKENS)
     assert replayed.token_ids == off_conversation.turns[-1].token_ids
-    wait_refused(replica, replayed.request_id, "unknown")
+    # Decode forgets a read retention when prefill's read-done notice reaches an engine step:
+    # until then the replay finds it claimed.
+    wait_refused(replica, replayed.request_id, "unknown", "claimed")
 
 
 def test_one_shot_requests_are_not_retained(on_pair: Pair) -> None:
