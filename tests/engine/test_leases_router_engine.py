@@ -40,7 +40,7 @@ from disagg_contract import (
     renewal_period_s,
 )
 from disagg_operator.reuse import Reading, ReusePoller, next_reuse, template_urls
-from probes import sample
+from probes import metric, sample
 from router_turns import SYSTEM, Answer, ask, assert_same
 
 pytestmark = pytest.mark.engine
@@ -57,6 +57,7 @@ LEASE_TTL_S = 12
 EXAMPLE = Path(__file__).parents[2] / "examples" / "demo-cpu.yaml"
 RETAINED = "vllm:disagg_kv_retained_requests"
 FREES = "vllm:disagg_kv_retention_frees_total"
+RELEASES = "disagg_router_lease_releases_total"
 
 
 @dataclass
@@ -201,18 +202,19 @@ def test_idle_conversation_is_freed_and_an_active_one_outlives_the_ttl(
 ) -> None:
     tag = uuid.uuid4().hex[:8]
     idle = Chat(servers.lease_router, f"idle-{tag}", 700)
-    released_before = sample(servers.lease, FREES, reason="released")
+    released_before = metric(servers.lease_router, RELEASES, reason="idle")
     idle.turn(100)
     ended = time.monotonic()
     assert sample(servers.lease, RETAINED) >= 1
     wait_for(
-        lambda: sample(servers.lease, FREES, reason="released") > released_before,
+        lambda: metric(servers.lease_router, RELEASES, reason="idle") > released_before,
         IDLE_S + 3 * renewal_period_s(IDLE_S) + 5,
-        "the idle conversation was never released",
+        "the router never released the idle conversation",
     )
-    freed_after = time.monotonic() - ended
-    # Released at the first renewal pass after the idle timeout (metrics lag about a second).
-    assert IDLE_S - 0.5 <= freed_after <= IDLE_S + renewal_period_s(IDLE_S) + 2.0, freed_after
+    released_after = time.monotonic() - ended
+    # The router releases it at its first renewal pass after the idle timeout; decode frees it
+    # on the release (or when its lease lapses, had a renewal pass slipped on a busy machine).
+    assert IDLE_S - 0.5 <= released_after <= IDLE_S + renewal_period_s(IDLE_S) + 2.0
     wait_for(lambda: sample(servers.lease, RETAINED) == 0, 5, "decode still holds the blocks")
 
     active = Chat(servers.lease_router, f"active-{tag}", 720)
