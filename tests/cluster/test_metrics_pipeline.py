@@ -20,6 +20,7 @@ import json
 import threading
 import time
 from collections.abc import Iterator
+from datetime import datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -126,6 +127,23 @@ def _scales_to(kubectl: kube.Kubectl, namespace: str, workload: str, replicas: i
     kube.wait_for(there, what=f"{workload} at {replicas}", timeout_s=SCALE_TIMEOUT_S, interval_s=1)
 
 
+def _scale_time_after(
+    kubectl: kube.Kubectl, namespace: str, workload: str, after: float = 0.0
+) -> float:
+    """When the role's autoscaler changed its replicas (its status's ``lastScaleTime``), once
+    that is later than ``after``: the status is written just after the scale."""
+
+    def stamp() -> float | None:
+        hpa = kubectl.json("-n", namespace, "get", "horizontalpodautoscaler", workload)
+        written = hpa.get("status", {}).get("lastScaleTime")
+        if written is None:
+            return None
+        seconds = datetime.fromisoformat(written.replace("Z", "+00:00")).timestamp()
+        return seconds if seconds > after else None
+
+    return kube.wait_for(stamp, what=f"{workload}'s autoscaler's lastScaleTime", timeout_s=30)
+
+
 def _role_writes(proxy: ApiProxy, since: float) -> list[Request]:
     """The operator's writes to either role's StatefulSet (or its scale subresource)."""
     paths = (f"/statefulsets/{PREFILL}", f"/statefulsets/{DECODE}")
@@ -199,17 +217,20 @@ def test_the_hpa_scales_each_role_on_its_signal_through_prometheus_and_the_adapt
             timeout_s=60,
         )
         _scales_to(kubectl, namespace, PREFILL, 2)
+        scaled_up = _scale_time_after(kubectl, namespace, PREFILL)
         stand_in.values[(f"{PREFILL}-1", REQUESTS_WAITING.name)] = 6
         assert spec_replicas(kubectl, namespace, DECODE) == 1
 
         # The load moves to decode: prefill back to 1 after its window, decode up to 2.
-        unloaded = time.monotonic()
         for i in range(MAX_REPLICAS):
             stand_in.values[(f"{PREFILL}-{i}", REQUESTS_WAITING.name)] = 0
         stand_in.values[(f"{DECODE}-0", REQUESTS_RUNNING.name)] = 10
         _scales_to(kubectl, namespace, DECODE, 2)
         _scales_to(kubectl, namespace, PREFILL, 1)
-        assert time.monotonic() - unloaded >= SCALE_DOWN_WINDOW_S
+        # Not within the window after the recommendation of 2 that scaled it up (the API's
+        # timestamps are in whole seconds).
+        scaled_down = _scale_time_after(kubectl, namespace, PREFILL, scaled_up)
+        assert scaled_down - scaled_up > SCALE_DOWN_WINDOW_S - 1, (scaled_up, scaled_down)
         stand_in.values[(f"{DECODE}-1", REQUESTS_RUNNING.name)] = 10
 
         # No load: decode back to 1.
