@@ -6,7 +6,8 @@ to prefill with the frozen decode's offers, so prefill's claims go unanswered, w
 requests stream through a router in front of prefill and the healthy decode. The claims are
 sent off vLLM's scheduling thread and given up at their deadline, so:
 
-- the one-shot requests' time to first token stays within 0.5 s of what it was before;
+- the one-shot requests' time to first token stays within 0.5 s of what it is under the same
+  load of recomputes from a healthy decode;
 - each frozen conversation's turn answers exactly as a recompute (bidirectional off);
 - prefill never logs a connector hook holding its scheduling thread past 100 ms, and logs each
   frozen claim as refused.
@@ -20,7 +21,7 @@ import signal
 import statistics
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import httpx
 import pytest
@@ -82,9 +83,15 @@ def one_shot_ttft(client: httpx.Client, router_url: str, seed: int) -> float:
     raise AssertionError("no token streamed")
 
 
-def ttfts(router_url: str, first_seed: int) -> list[float]:
+def ttft_under(load: Callable[[], object], router_url: str, first_seed: int) -> float:
+    """The median one-shot TTFT through the router while ``load`` runs on a thread."""
+    loading = threading.Thread(target=load)
+    loading.start()
     with httpx.Client(timeout=120) as client:
-        return [one_shot_ttft(client, router_url, first_seed + i) for i in range(ONE_SHOTS)]
+        ttfts = [one_shot_ttft(client, router_url, first_seed + i) for i in range(ONE_SHOTS)]
+    loading.join(300)
+    assert not loading.is_alive(), "the load's turns did not answer"
+    return statistics.median(ttfts)
 
 
 def same_answer(on: TurnResult, off: TurnResult) -> None:
@@ -106,27 +113,31 @@ def test_a_frozen_decode_costs_only_the_turns_that_wanted_its_kv(
         to_frozen.token_turn(conversation, prompt, 16)
         assert conversation.offer is not None, "the frozen decode retained the first turn"
 
+    histories = [
+        [*prompt, *conversation.turns[0].token_ids, *tok.encode(user_text(920 + i, 40))]
+        for i, (prompt, conversation) in enumerate(zip(firsts, conversations, strict=True))
+    ]
+    # The same load without the frozen decode: recomputes of other prompts as long (prefill's
+    # prefix cache must not hold the frozen conversations' histories).
+    unrelated = [tok.encode(user_text(940 + i, 600))[: len(h)] for i, h in enumerate(histories)]
+    assert [len(p) for p in unrelated] == [len(h) for h in histories]
+    answers: list[TurnResult] = []
+
+    def recomputes() -> None:
+        for prompt in unrelated:
+            to_healthy.token_turn(Conversation(), prompt, 16)
+
+    def frozen_turns() -> None:
+        for conversation, history in zip(conversations, histories, strict=True):
+            answers.append(to_healthy.token_turn(conversation, history, 16))
+
     router = RouterThread.start([prefill.url], [rig.on.decode.url])
     try:
-        before = statistics.median(ttfts(router.url, 950))
+        before = ttft_under(recomputes, router.url, 950)
         assert frozen_decode.process is not None
         os.killpg(frozen_decode.process.pid, signal.SIGSTOP)
         log_before = len(prefill.log_text())
-
-        answers: list[TurnResult] = []
-        histories = [
-            [*prompt, *conversation.turns[0].token_ids, *tok.encode(user_text(920 + i, 40))]
-            for i, (prompt, conversation) in enumerate(zip(firsts, conversations, strict=True))
-        ]
-
-        def frozen_turns() -> None:
-            for conversation, history in zip(conversations, histories, strict=True):
-                answers.append(to_healthy.token_turn(conversation, history, 16))
-
-        turns = threading.Thread(target=frozen_turns)
-        turns.start()
-        during = statistics.median(ttfts(router.url, 970))
-        turns.join(300)
+        during = ttft_under(frozen_turns, router.url, 970)
         assert len(answers) == CONVERSATIONS, "a frozen conversation's turn did not answer"
     finally:
         router.stop()
