@@ -87,29 +87,27 @@ def restart(server: EngineServer) -> None:
     start_all([server])
 
 
+def first_turn(driver: PDDriver, first: list[int]) -> Conversation:
+    """A conversation's first turn, which decode retains and offers."""
+    conversation = Conversation()
+    driver.token_turn(conversation, first, ANSWER_TOKENS)
+    assert conversation.offer is not None
+    return conversation
+
+
 def read_back(
     driver: PDDriver, prefill: EngineServer, first: list[int], follow: list[int]
 ) -> tuple[list[int], Any]:
     """A conversation whose second turn reads decode's KV of the first: its history and the
     offer prefill read (spent from then on)."""
-    conversation = Conversation()
-    driver.token_turn(conversation, first, ANSWER_TOKENS)
+    conversation = first_turn(driver, first)
     offer = conversation.offer
-    assert offer is not None
     history = [*first, *conversation.turns[0].token_ids, *follow]
     before = len(prefill.log_text())
     driver.token_turn(conversation, history, ANSWER_TOKENS)
     read = re.search(r"D->P reuse for \S+: reading (\d+) tokens", prefill.log_text()[before:])
     assert read is not None and int(read.group(1)) > 0, "the honest turn read decode's KV"
     return history, offer
-
-
-def decode_offer(driver: PDDriver, first: list[int]) -> Any:
-    """Decode's offer of a first turn that nobody read yet."""
-    conversation = Conversation()
-    driver.token_turn(conversation, first, ANSWER_TOKENS)
-    assert conversation.offer is not None
-    return conversation.offer
 
 
 def replay_to_prefill(prefill: EngineServer, history: list[int], offer: Any, rig: Rig) -> None:
@@ -157,7 +155,7 @@ def test_an_offer_replayed_after_either_engine_restarted_is_refused_whatever_the
     p2d = prefill_offer(prefill, prompt)
     honest = read_by_decode(decode, prompt, p2d, "verified")
     assert_recompute(honest, recompute, "the honest P->D read, whatever decode's clock says")
-    unread = decode_offer(driver, first)
+    unread = first_turn(driver, first).offer  # nobody reads it before decode restarts
 
     restart(decode)  # D->P: the issuer's retention is gone; P->D: the reader's spent offers
     replay_to_prefill(prefill, history, unread, rig)
