@@ -40,7 +40,9 @@ from demo_model import (
 
 import kube
 from disagg.bench import prometheus
-from disagg.bench.client import ChatClient
+from disagg.bench.client import REUSED_TOKENS, ChatClient
+from disagg_connector.offer_form import Direction
+from disagg_connector.reuse_plan import Verdict
 from disagg_contract import ENGINE_PORT, EXTRA_DECODER_TTL
 from disagg_operator.engine_metrics import REQUESTS_RUNNING, SIGNALS
 from disagg_operator.kubeapi import FIELD_MANAGER
@@ -598,6 +600,7 @@ ROUTER_AFFINITY = "disagg_router_decode_affinity_total"
 ROUTER_DRAINING = "disagg_router_replica_draining"
 ROUTER_HEALTHY = "disagg_router_replica_healthy"
 ROUTER_REQUESTS = "disagg_router_requests_total"
+OFFERS = "vllm:disagg_kv_offers_total"
 
 
 @dataclass
@@ -653,12 +656,44 @@ def _served_by(before: dict[str, float]) -> str:
     return grew[0]
 
 
-def _read_back(prefill: str, before: float) -> float:
-    """Tokens prefill read back from decode since `before`, waited for a while when none yet."""
+@dataclass(frozen=True)
+class _Reuse:
+    """What prefill made of decode's offers (D->P) since a mark: the tokens it read back and
+    the verdicts it counted on those offers, by verdict."""
+
+    read: float
+    verdicts: dict[str, float]
+
+    @property
+    def taken(self) -> bool:
+        """One offer reached prefill verified and was read back, or was left for a recompute
+        because prefill's measured read decision (the demo's default) priced computing its
+        tokens below reading them: on two shared cores either can win a turn."""
+        if self.verdicts == {Verdict.VERIFIED: 1}:
+            return self.read > 0
+        return self.verdicts == {Verdict.RECOMPUTE_CHEAPER: 1}
+
+
+def _reuse_counts(prefill: str) -> tuple[float, dict[str, float]]:
+    """Prefill's tokens read back so far and its verdicts on decode's offers, by verdict."""
+    samples = _samples(prefill)
+    offers = [s for s in samples if s.labels.get("direction") == Direction.DECODE_TO_PREFILL]
+    return prometheus.total(samples, REUSED_TOKENS), prometheus.label_values(
+        offers, OFFERS, "verdict"
+    )
+
+
+def _reuse_since(prefill: str, mark: tuple[float, dict[str, float]]) -> _Reuse:
+    """What prefill made of decode's offers since `mark` (``_reuse_counts``), waited for a
+    while until one offer was taken (prefill's counters lag the answer)."""
     deadline = time.monotonic() + STATS_LAG_S
-    while (read := reused_tokens(prefill) - before) == 0 and time.monotonic() < deadline:
+    while True:
+        read, verdicts = _reuse_counts(prefill)
+        grew = {v: n - mark[1].get(v, 0.0) for v, n in verdicts.items() if n > mark[1].get(v, 0.0)}
+        reuse = _Reuse(read - mark[0], grew)
+        if reuse.taken or time.monotonic() >= deadline:
+            return reuse
         time.sleep(0.2)
-    return read
 
 
 def _router_replicas(router: str, name: str) -> dict[str, float]:
@@ -779,12 +814,13 @@ def _moves(router: str) -> float:
 def test_decode_scaled_from_two_to_one_mid_conversation_moves_the_leaving_pods_conversations(
     served: Served, kubectl: kube.Kubectl, pods_report: Callable[[str], str], tmp_path: Path
 ) -> None:
-    """Decode scaled to 2, ten conversations two turns in (each turn 2 reads back), a stream in
-    flight on decode-1 when decode is scaled back to 1: the router drains decode-1, the stream
-    finishes, decode-1 releases its retained KV as it shuts down, each conversation that was on
-    decode-1 recomputes its next turn on decode-0 once and reads back again after, the others
-    keep reading back, no client sees an error, and every answer equals the same turn without a
-    conversation_id."""
+    """Decode scaled to 2, ten conversations two turns in (each turn 2 offered decode's KV and
+    taking it), a stream in flight on decode-1 when decode is scaled back to 1: the router drains
+    decode-1, the stream finishes, decode-1 releases its retained KV as it shuts down, each
+    conversation that was on decode-1 recomputes its next turn on decode-0 once and takes
+    decode's KV again after, the others keep taking it, no client sees an error, and every answer
+    equals the same turn without a conversation_id. Taking an offer is reading it back, or
+    recomputing because prefill's measured read decision priced the read above the compute."""
     namespace, router = served.namespace, served.router
     leaving_pod = f"{MODEL}-decode-1"
     _scale_decode(kubectl, namespace, 2)
@@ -810,10 +846,11 @@ def test_decode_scaled_from_two_to_one_mid_conversation_moves_the_leaving_pods_c
         # least busy decode, ties taken in turn, so half of them land on decode-1.
         holder = _holders(chats, client, model, [leaving, staying], _opening)
         for chat in chats:
-            before, reused = _successes([leaving, staying]), reused_tokens(prefill)
+            before, mark = _successes([leaving, staying]), _reuse_counts(prefill)
             chat.ask(client, model, "And item 4?")
             assert _served_by(before) == holder[chat.conversation_id], "turn 2 changed decode"
-            assert _read_back(prefill, reused) > 0, f"{chat.conversation_id}: no read back"
+            reuse = _reuse_since(prefill, mark)
+            assert reuse.taken, f"{chat.conversation_id}: {reuse}"
         moved = [c for c in chats if holder[c.conversation_id] == leaving]
         kept = [c for c in chats if holder[c.conversation_id] == staying]
         assert moved and kept, f"conversations by decode: {holder}"
@@ -825,9 +862,10 @@ def test_decode_scaled_from_two_to_one_mid_conversation_moves_the_leaving_pods_c
         )
         (stream_chat,) = [c for c in starts if landed[c.conversation_id] == leaving]
         stream = _Stream(stream_chat, router, model)
-        reused = reused_tokens(prefill)
+        mark = _reuse_counts(prefill)
         stream.start_generating(leaving, "decode-1 left")
-        assert _read_back(prefill, reused) > 0, "the streamed turn read nothing back"
+        reuse = _reuse_since(prefill, mark)
+        assert reuse.taken, f"the streamed turn: {reuse}"
         with _following_logs(kubectl, namespace, leaving_pod, tmp_path / "decode-1.log") as log:
             _scale_decode(kubectl, namespace, 1)
             kube.wait_for(
@@ -865,13 +903,14 @@ def test_decode_scaled_from_two_to_one_mid_conversation_moves_the_leaving_pods_c
             f"stream ended {stream.ended - draining:.1f} s after it)"
         )
 
-        # The others keep reading back from decode-0; the moved ones read back again.
-        reads: dict[str, float] = {}
+        # The others keep taking decode-0's KV; the moved ones take it again.
+        reuses: dict[str, _Reuse] = {}
         for chat in [*kept, *moved]:
-            reused = reused_tokens(prefill)
+            mark = _reuse_counts(prefill)
             chat.ask(client, model, "And item 6?")
-            reads[chat.conversation_id] = _read_back(prefill, reused)
-        assert all(reads.values()), f"tokens read back on the turn after: {reads}"
+            reuses[chat.conversation_id] = _reuse_since(prefill, mark)
+        untaken = {name: reuse for name, reuse in reuses.items() if not reuse.taken}
+        assert not untaken, f"decode's KV not taken on the turn after: {untaken}"
         replayed = [
             (chat.conversation_id, client.turn(model, sent, tokens, None).text, text)
             for chat in [*chats, *starts]
