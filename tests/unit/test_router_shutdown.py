@@ -79,8 +79,8 @@ def _refuses_new_connections(url: str, stream: _Stream) -> bool:
             httpx.get(f"{url}/health", timeout=1)
         except httpx.ConnectError:
             return stream.is_alive()
-        except httpx.RemoteProtocolError:
-            pass  # accepted just before the router closed its socket, then closed unanswered
+        except (httpx.RemoteProtocolError, httpx.ReadError):
+            pass  # queued just before the router closed its socket: closed or reset unanswered
         time.sleep(0.05)
     return False
 
