@@ -658,11 +658,16 @@ def _served_by(before: dict[str, float]) -> str:
 
 @dataclass(frozen=True)
 class _Reuse:
-    """What prefill made of decode's offers (D->P) since a mark: the tokens it read back and
-    the verdicts it counted on those offers, by verdict."""
+    """Prefill's tokens read back from decode and its verdicts on decode's offers (D->P), by
+    verdict: its totals, or what grew since a mark."""
 
     read: float
     verdicts: dict[str, float]
+
+    def since(self, mark: _Reuse) -> _Reuse:
+        """What grew from ``mark`` to these totals."""
+        grew = {v: n - mark.verdicts.get(v, 0.0) for v, n in self.verdicts.items()}
+        return _Reuse(self.read - mark.read, {v: n for v, n in grew.items() if n > 0})
 
     @property
     def taken(self) -> bool:
@@ -674,26 +679,25 @@ class _Reuse:
         return self.verdicts == {Verdict.RECOMPUTE_CHEAPER: 1}
 
 
-def _reuse_counts(prefill: str) -> tuple[float, dict[str, float]]:
-    """Prefill's tokens read back so far and its verdicts on decode's offers, by verdict."""
+def _reuse_counts(prefill: str) -> _Reuse:
+    """Prefill's totals so far."""
     samples = _samples(prefill)
     offers = [s for s in samples if s.labels.get("direction") == Direction.DECODE_TO_PREFILL]
-    return prometheus.total(samples, REUSED_TOKENS), prometheus.label_values(
-        offers, OFFERS, "verdict"
+    return _Reuse(
+        prometheus.total(samples, REUSED_TOKENS),
+        prometheus.label_values(offers, OFFERS, "verdict"),
     )
 
 
-def _reuse_since(prefill: str, mark: tuple[float, dict[str, float]]) -> _Reuse:
-    """What prefill made of decode's offers since `mark` (``_reuse_counts``), waited for a
-    while until one offer was taken (prefill's counters lag the answer)."""
+def _reuse_since(prefill: str, mark: _Reuse) -> _Reuse:
+    """What prefill made of decode's offers since `mark`, waited for a while until one offer
+    was taken (prefill's counters lag the answer)."""
     deadline = time.monotonic() + STATS_LAG_S
-    while True:
-        read, verdicts = _reuse_counts(prefill)
-        grew = {v: n - mark[1].get(v, 0.0) for v, n in verdicts.items() if n > mark[1].get(v, 0.0)}
-        reuse = _Reuse(read - mark[0], grew)
-        if reuse.taken or time.monotonic() >= deadline:
-            return reuse
+    while not (reuse := _reuse_counts(prefill).since(mark)).taken:
+        if time.monotonic() >= deadline:
+            break
         time.sleep(0.2)
+    return reuse
 
 
 def _router_replicas(router: str, name: str) -> dict[str, float]:
